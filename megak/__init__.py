@@ -1,0 +1,26 @@
+"""megak: run a graph of tensor operations as one persistent megakernel on a Hopper GPU.
+
+    import megak, numpy as np
+    g = megak.Graph()
+    a = g.input("a", (256, 128), "float32")
+    b = g.input("b", (128, 64), "float32")
+    g.output(g.transpose(g.gemm(a, b)), "y")
+    prog = megak.compile(g)             # "cuda" when a GPU is usable, else the CPU simulator
+    y = prog.run(a=..., b=...)["y"]
+"""
+from .errors import GraphError, MegakernelError, MegakernelHang
+from .graph import Graph, Tensor
+from .program import BACKENDS, Program, compile, resolve_backend
+
+__all__ = [
+    "BACKENDS",
+    "Graph",
+    "GraphError",
+    "MegakernelError",
+    "MegakernelHang",
+    "Program",
+    "Tensor",
+    "compile",
+    "resolve_backend",
+]
+__version__ = "0.1.0"

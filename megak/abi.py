@@ -1,0 +1,154 @@
+"""The instruction ABI, read from ``megak/device/instr.h`` and nowhere else.
+
+cffi parses the header (after dropping preprocessor lines), so every size, offset, opcode and
+limit below comes from the same text NVRTC compiles. For speed, records are built as numpy
+structured arrays whose dtype is derived from cffi's layout: encoding 100k instructions is one
+``tobytes()``.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import cffi
+import numpy as np
+
+DEVICE_DIR = Path(__file__).resolve().parent / "device"
+HEADER_PATH = DEVICE_DIR / "instr.h"
+
+
+def header_cdef(text: str) -> str:
+    """The header as cffi reads it: preprocessor lines dropped, nothing restated."""
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+@functools.lru_cache(maxsize=None)
+def ffi() -> cffi.FFI:
+    f = cffi.FFI()
+    f.cdef(header_cdef(HEADER_PATH.read_text()))
+    return f
+
+
+def _enum(name: str) -> dict[str, int]:
+    return dict(ffi().typeof(f"enum {name}").relements)
+
+
+LIMITS = _enum("mk_limits")
+OPCODES = _enum("mk_opcode")
+ERRORS = _enum("mk_error")
+FLAGS = _enum("mk_flags")
+DTYPES = _enum("mk_dtype")
+OPERANDS = _enum("mk_operand")
+OP_SHAPES = _enum("mk_op_shapes")
+
+INSTR_BYTES = LIMITS["MK_INSTR_BYTES"]
+MAX_WAITS = LIMITS["MK_MAX_WAITS"]
+MAX_SIGNALS = LIMITS["MK_MAX_SIGNALS"]
+MAX_TENSORS = LIMITS["MK_MAX_TENSORS"]
+PAGE_BYTES = LIMITS["MK_PAGE_BYTES"]
+MAX_PAGES = LIMITS["MK_MAX_PAGES"]
+CONTROL_BYTES = LIMITS["MK_CONTROL_BYTES"]
+PAGE_ALIGN = LIMITS["MK_PAGE_ALIGN"]
+THREADS = LIMITS["MK_THREADS"]
+TENSOR_ALIGN_ELEMS = LIMITS["MK_TENSOR_ALIGN_ELEMS"]
+
+OP_NOP = OPCODES["MK_OP_NOP"]
+OP_COPY = OPCODES["MK_OP_COPY"]
+OP_TRANSPOSE = OPCODES["MK_OP_TRANSPOSE"]
+OP_GEMM = OPCODES["MK_OP_GEMM"]
+OPCODE_NAMES = {v: k[len("MK_OP_"):].lower() for k, v in OPCODES.items() if k != "MK_OP_COUNT"}
+ERROR_NAMES = {v: k for k, v in ERRORS.items()}
+
+ARG_A = OPERANDS["MK_ARG_A"]
+ARG_B = OPERANDS["MK_ARG_B"]
+ARG_OUT = OPERANDS["MK_ARG_OUT"]
+
+FLAG_DEBUG_LEAK_PAGE = FLAGS["MK_FLAG_DEBUG_LEAK_PAGE"]
+
+_NUMPY_SCALARS = {
+    "unsigned short": np.uint16,
+    "unsigned int": np.uint32,
+    "int": np.int32,
+    "unsigned long long": np.uint64,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def numpy_dtype(ctype: str) -> np.dtype:
+    """A numpy structured dtype with exactly cffi's field offsets and item size."""
+    f = ffi()
+    t = f.typeof(ctype)
+    names, formats, offsets = [], [], []
+    for name, field in t.fields:
+        ft = field.type
+        if ft.kind == "array":
+            formats.append((_NUMPY_SCALARS[ft.item.cname], ft.length))
+        else:
+            formats.append(_NUMPY_SCALARS[ft.cname])
+        names.append(name)
+        offsets.append(field.offset)
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": f.sizeof(t)})
+
+
+INSTR_DTYPE = numpy_dtype("mk_instr")
+TENSOR_DTYPE = numpy_dtype("mk_tensor")
+STATUS_DTYPE = numpy_dtype("mk_status")
+SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
+PARAMS_DTYPE = numpy_dtype("mk_params")
+
+if INSTR_DTYPE.itemsize != INSTR_BYTES:  # the header contradicts itself: refuse to run
+    raise ImportError(f"instr.h: sizeof(mk_instr) = {INSTR_DTYPE.itemsize}, "
+                      f"MK_INSTR_BYTES = {INSTR_BYTES}")
+
+
+def empty_instrs(n: int) -> np.ndarray:
+    return np.zeros(n, dtype=INSTR_DTYPE)
+
+
+def encode(instrs: np.ndarray) -> bytes:
+    """Instruction records -> the bytes both backends execute."""
+    if instrs.dtype != INSTR_DTYPE:
+        raise TypeError("encode() takes an array of INSTR_DTYPE")
+    return np.ascontiguousarray(instrs).tobytes()
+
+
+def decode(data: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+    """Bytes -> instruction records (a copy, safe to modify)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    if buf.size % INSTR_BYTES:
+        raise ValueError(f"{buf.size} bytes is not a whole number of {INSTR_BYTES}-byte records")
+    return buf.view(INSTR_DTYPE).copy()
+
+
+def encode_cffi(record: dict) -> bytes:
+    """Encode one record through cffi itself (an independent path, used to test `encode`)."""
+    f = ffi()
+    p = f.new("mk_instr *")
+    for key, value in record.items():
+        if isinstance(value, (list, tuple, np.ndarray)):
+            arr = getattr(p, key)
+            for i, v in enumerate(value):
+                arr[i] = int(v)
+        else:
+            setattr(p, key, int(value))
+    return bytes(f.buffer(p))
+
+
+def layout_asserts() -> str:
+    """C++ static_asserts of every struct's size and field offsets, from cffi's layout.
+
+    Compiled by NVRTC in the tests so the device can never read a record differently.
+    """
+    f = ffi()
+    lines = ['#include "instr.h"']
+    for ctype in ("mk_instr", "mk_tensor", "mk_sm_state", "mk_status", "mk_params"):
+        t = f.typeof(ctype)
+        lines.append(f'static_assert(sizeof({ctype}) == {f.sizeof(t)}, "sizeof {ctype}");')
+        for name, field in t.fields:
+            lines.append(f"static_assert(__builtin_offsetof({ctype}, {name}) == {field.offset},"
+                         f' "{ctype}.{name}");')
+    for enum in ("mk_limits", "mk_op_shapes", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
+        for name, value in _enum(enum).items():
+            lines.append(f'static_assert({name} == {value}, "{name}");')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,161 @@
+/* megak instruction ABI: the one source of truth shared by Python (cffi, megak/abi.py) and
+ * CUDA (NVRTC, megakernel.cu).
+ *
+ * Rules for this file, so that cffi can read it after abi.py drops every line starting with '#':
+ *   - plain C declarations only: typedefs, enums, structs; no expressions but integer literals;
+ *   - every constant Python needs lives in an enum (cffi reads enum values without compiling);
+ *   - fixed-width types come from the typedefs below (NVRTC has no <stdint.h>).
+ *
+ * Record layout (128 bytes, see MK_INSTR_BYTES):
+ *
+ *   0  opcode  n_waits  n_signals  pages   (u16 x 4)
+ *   8  op_index (graph op, for errors/trace)          12 flags (MK_FLAG_*)
+ *  16  wait_counter[6]                                 40 wait_target[6]
+ *  64  signal_counter[4]                               80 tensor[6] (tensor-table slots)
+ * 104  row0 col0 rows cols   (output region)          120 k0 klen (reduction range)
+ *
+ * Counters are u32 in device memory. A wait (c, t) is satisfied in run `epoch` (0, 1, ...)
+ * when counter[c] - (epoch + 1) * t >= 0 (wrap-safe signed difference): every counter receives
+ * exactly t signals per run from the instructions that name it, so replays need no reset.
+ */
+#ifndef MEGAK_INSTR_H
+#define MEGAK_INSTR_H
+
+typedef unsigned short mk_u16;
+typedef unsigned int mk_u32;
+typedef int mk_i32;
+typedef unsigned long long mk_u64;
+
+enum mk_limits {
+    MK_INSTR_BYTES = 128,      /* sizeof(mk_instr); checked on both sides */
+    MK_MAX_WAITS = 6,          /* waits per instruction */
+    MK_MAX_SIGNALS = 4,        /* counters signalled per instruction */
+    MK_MAX_TENSORS = 6,        /* tensor operands per instruction */
+    MK_PAGE_BYTES = 16384,     /* one shared-memory page */
+    MK_MAX_PAGES = 32,         /* page bitmask width; real count comes from the device */
+    MK_CONTROL_BYTES = 16384,  /* dynamic smem ahead of the pages: slots, page table, scratch */
+    MK_PAGE_ALIGN = 1024,      /* page base alignment (swizzled TMA tiles need 1024) */
+    MK_THREADS = 256,          /* threads per block of the megakernel */
+    MK_TENSOR_ALIGN_ELEMS = 4  /* leading dims of megak-owned buffers are multiples of this */
+};
+
+/* Tile shapes and page needs of each op: lowering (Python) and device ops read these. */
+enum mk_op_shapes {
+    MK_GEMM_TILE_M = 128,
+    MK_GEMM_TILE_N = 128,
+    MK_GEMM_PAGES = 4,         /* double-buffered A^T and B k-slices, one page each */
+    MK_TRANSPOSE_TILE = 64,    /* 64 x 64 fp32 = exactly one page */
+    MK_TRANSPOSE_PAGES = 1,
+    MK_COPY_PAGES = 0          /* global -> global, registers only */
+};
+
+enum mk_opcode {
+    MK_OP_NOP = 0,
+    MK_OP_COPY = 1,
+    MK_OP_TRANSPOSE = 2,
+    MK_OP_GEMM = 3,
+    MK_OP_COUNT = 4
+};
+
+/* Tensor operand positions in mk_instr.tensor[] */
+enum mk_operand {
+    MK_ARG_A = 0,        /* first input (copy/transpose source, GEMM left) */
+    MK_ARG_B = 1,        /* GEMM right */
+    MK_ARG_OUT = 2,      /* output */
+    MK_ARG_BIAS = 3,     /* GEMM epilogue bias (reserved) */
+    MK_ARG_RESIDUAL = 4, /* GEMM epilogue residual (reserved) */
+    MK_ARG_SPARE = 5
+};
+
+enum mk_flags {
+    MK_FLAG_NONE = 0,
+    /* test-only hooks: the simulator and the device both honour them */
+    MK_FLAG_DEBUG_LEAK_PAGE = 1   /* do not release the last acquired page */
+};
+
+enum mk_dtype {
+    MK_DTYPE_F32 = 0
+};
+
+enum mk_error {
+    MK_OK = 0,
+    MK_ERR_TIMEOUT = 1,        /* a wait passed its deadline: a hang */
+    MK_ERR_BAD_OPCODE = 2,
+    MK_ERR_BAD_DESCRIPTOR = 3, /* tensor slot, region or counter out of range */
+    MK_ERR_PAGES = 4,          /* instruction needs more pages than the SM has */
+    MK_ERR_PAGE_LEAK = 5,      /* pages still held at the end of a queue */
+    MK_ERR_ABORTED = 6         /* this SM stopped because another one failed */
+};
+
+typedef struct mk_instr {
+    mk_u16 opcode;
+    mk_u16 n_waits;
+    mk_u16 n_signals;
+    mk_u16 pages;
+    mk_u32 op_index;
+    mk_u32 flags;
+    mk_u32 wait_counter[MK_MAX_WAITS];
+    mk_u32 wait_target[MK_MAX_WAITS];
+    mk_u32 signal_counter[MK_MAX_SIGNALS];
+    mk_u32 tensor[MK_MAX_TENSORS];
+    mk_i32 row0;
+    mk_i32 col0;
+    mk_i32 rows;
+    mk_i32 cols;
+    mk_i32 k0;
+    mk_i32 klen;
+} mk_instr;
+
+/* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements). */
+typedef struct mk_tensor {
+    mk_u64 ptr;
+    mk_u32 rows;
+    mk_u32 cols;
+    mk_u32 ld;
+    mk_u32 dtype;
+} mk_tensor;
+
+/* What a block was doing when it stopped; one per SM, written on error or abort. */
+typedef struct mk_sm_state {
+    mk_u32 queue_index;
+    mk_u32 opcode;
+    mk_u32 op_index;
+    mk_u32 counter;
+    mk_u32 expected;
+    mk_u32 observed;
+    mk_u32 error;
+    mk_u32 pad;
+} mk_sm_state;
+
+/* The first error wins the record; abort tells every other block to stop. */
+typedef struct mk_status {
+    mk_u32 abort;
+    mk_u32 error;
+    mk_u32 sm;
+    mk_u32 queue_index;
+    mk_u32 opcode;
+    mk_u32 op_index;
+    mk_u32 counter;
+    mk_u32 expected;
+    mk_u32 observed;
+    mk_u32 finished_blocks;
+} mk_status;
+
+/* Kernel parameter block, in device memory; the kernel takes one pointer to it. */
+typedef struct mk_params {
+    mk_u64 instrs;        /* mk_instr[total]: all queues back to back */
+    mk_u64 queue_start;   /* mk_u32[n_sm + 1]: queue s is instrs[start[s] .. start[s+1]) */
+    mk_u64 tensors;       /* mk_tensor[n_tensors] */
+    mk_u64 counters;      /* mk_u32[n_counters] */
+    mk_u64 status;        /* mk_status */
+    mk_u64 sm_state;      /* mk_sm_state[n_sm] */
+    mk_u64 timeout_ns;    /* deadline of every spin loop */
+    mk_u32 epoch;         /* run index since the counters were last zeroed */
+    mk_u32 n_sm;
+    mk_u32 n_tensors;
+    mk_u32 n_counters;
+    mk_u32 n_pages;       /* pages the host carved; the block checks it fits */
+    mk_u32 debug;         /* non-zero: page-leak check at the end of each queue */
+} mk_params;
+
+#endif /* MEGAK_INSTR_H */

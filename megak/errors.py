@@ -1,0 +1,72 @@
+"""The error model: bad input is a GraphError before anything runs; what goes wrong while the
+megakernel runs comes back as a status record, decoded here the same way for both backends."""
+from __future__ import annotations
+
+from . import abi
+
+
+class GraphError(ValueError):
+    """A bad graph, or inputs that do not match it. Raised before any launch."""
+
+
+class MegakernelError(RuntimeError):
+    """The megakernel (or the simulator running the same queues) stopped on an error.
+
+    ``record`` is the decoded status record (dict); ``sm_states`` the per-SM records.
+    """
+
+    def __init__(self, message: str, record: dict | None = None,
+                 sm_states: list[dict] | None = None):
+        super().__init__(message)
+        self.record = record or {}
+        self.sm_states = sm_states or []
+
+
+class MegakernelHang(MegakernelError):
+    """A wait never completed: deadline passed on the GPU, or no SM could progress in the
+    simulator. The record names the SM, queue index, opcode, counter, expected and observed."""
+
+
+def status_to_dict(status) -> dict:
+    return {name: int(status[name]) for name in abi.STATUS_DTYPE.names}
+
+
+def sm_states_to_dicts(sm_states) -> list[dict]:
+    return [{name: int(row[name]) for name in abi.SM_STATE_DTYPE.names} for row in sm_states]
+
+
+def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue_start=None,
+                     backend: str = "") -> None:
+    """Raise MegakernelHang / MegakernelError if the status record holds an error.
+
+    ``status``: one mk_status record (numpy void or dict); ``sm_states``: mk_sm_state rows;
+    ``op_labels``: op_index -> human-readable graph op.
+    """
+    rec = status if isinstance(status, dict) else status_to_dict(status)
+    if rec["error"] == abi.ERRORS["MK_OK"]:
+        return
+    states = sm_states if (sm_states and isinstance(sm_states[0], dict)) else \
+        sm_states_to_dicts(sm_states) if sm_states is not None else []
+    code = rec["error"]
+    name = abi.ERROR_NAMES.get(code, f"error {code}")
+
+    def label(op_index: int) -> str:
+        return op_labels[op_index] if 0 <= op_index < len(op_labels) else f"op #{op_index}"
+
+    opname = abi.OPCODE_NAMES.get(rec["opcode"], f"opcode {rec['opcode']}")
+    head = (f"{backend + ': ' if backend else ''}{name} on SM {rec['sm']}, queue index "
+            f"{rec['queue_index']} ({opname} instruction of {label(rec['op_index'])})")
+    if code == abi.ERRORS["MK_ERR_TIMEOUT"]:
+        head += (f": waited for counter {rec['counter']} to reach {rec['expected']}, "
+                 f"observed {rec['observed']}")
+    lines = [head]
+    stuck = [(sm, s) for sm, s in enumerate(states)
+             if s["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] and sm != rec["sm"]]
+    for sm, s in stuck[:16]:
+        lines.append(f"  SM {sm}: queue index {s['queue_index']} ({label(s['op_index'])}) "
+                     f"waits for counter {s['counter']} = {s['expected']}, "
+                     f"observed {s['observed']}")
+    if len(stuck) > 16:
+        lines.append(f"  ... and {len(stuck) - 16} more SMs waiting")
+    cls = MegakernelHang if code == abi.ERRORS["MK_ERR_TIMEOUT"] else MegakernelError
+    raise cls("\n".join(lines), rec, states)

@@ -1,0 +1,68 @@
+"""What every op's lowering returns: a regular grid of output tiles, one instruction per tile
+(row-major over the grid), the region each instruction reads from each input, a cost estimate
+and the page need. The scheduler turns read regions into tile-level dependencies."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class Region:
+    """Per-instruction rectangles [r0, r1) x [c0, c1) of one input, arrays of length n."""
+    r0: np.ndarray
+    r1: np.ndarray
+    c0: np.ndarray
+    c1: np.ndarray
+
+
+@dataclass
+class Lowered:
+    opcode: int
+    pages: int
+    row_edges: np.ndarray          # output grid: tile i covers rows row_edges[i]:row_edges[i+1]
+    col_edges: np.ndarray
+    reads: list[Region]            # one per op input, in order
+    cost_ns: np.ndarray            # estimated time of each instruction on one SM
+    flops: float = 0.0
+    bytes: float = 0.0
+    extra: dict = field(default_factory=dict)  # per-instruction fields (k0, klen, ...)
+
+    @property
+    def n_row_tiles(self) -> int:
+        return len(self.row_edges) - 1
+
+    @property
+    def n_col_tiles(self) -> int:
+        return len(self.col_edges) - 1
+
+    @property
+    def n(self) -> int:
+        return self.n_row_tiles * self.n_col_tiles
+
+    def tile_regions(self):
+        """(row0, rows, col0, cols) of every instruction's output tile, row-major."""
+        r0 = self.row_edges[:-1]
+        rn = np.diff(self.row_edges)
+        c0 = self.col_edges[:-1]
+        cn = np.diff(self.col_edges)
+        nr, nc = len(r0), len(c0)
+        return (np.repeat(r0, nc), np.repeat(rn, nc), np.tile(c0, nr), np.tile(cn, nr))
+
+
+def edges(extent: int, tile: int) -> np.ndarray:
+    """Tile boundaries 0, tile, 2*tile, ..., extent (the last tile may be short)."""
+    e = np.arange(0, extent, tile, dtype=np.int64)
+    return np.append(e, extent)
+
+
+# Rough per-SM throughput of an H200 (132 SMs), for balancing queues, not for promises.
+SM_FLOPS_PER_NS = 50e12 / 132 / 1e9        # fp32 FMA pipes at ~50 TFLOP/s per device
+SM_BYTES_PER_NS = 4.0e12 / 132 / 1e9       # ~4 TB/s HBM per device
+INSTR_OVERHEAD_NS = 500.0                  # dependency hand-off and instruction fetch
+
+
+def cost_ns(flops: np.ndarray | float, nbytes: np.ndarray | float) -> np.ndarray:
+    return np.maximum(np.asarray(flops, dtype=np.float64) / SM_FLOPS_PER_NS,
+                      np.asarray(nbytes, dtype=np.float64) / SM_BYTES_PER_NS) + INSTR_OVERHEAD_NS

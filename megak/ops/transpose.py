@@ -1,0 +1,39 @@
+"""Transpose: out = x^T, lowered into 64 x 64 tiles in output coordinates; each tile goes
+through one shared-memory page on the device (exactly 64 * 64 fp32)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import abi
+from ._lowering import Lowered, Region, cost_ns, edges
+
+OPCODE = abi.OP_TRANSPOSE
+PAGES = abi.OP_SHAPES["MK_TRANSPOSE_PAGES"]
+TILE = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
+
+
+def lower(op) -> Lowered:
+    (x,) = op.inputs
+    rows, cols = op.output.shape           # = (x.cols, x.rows)
+    row_edges, col_edges = edges(rows, TILE), edges(cols, TILE)
+    nr, nc = len(row_edges) - 1, len(col_edges) - 1
+    r0 = np.repeat(row_edges[:-1], nc)
+    rn = np.repeat(np.diff(row_edges), nc)
+    c0 = np.tile(col_edges[:-1], nr)
+    cn = np.tile(np.diff(col_edges), nr)
+    # out[r0:r1, c0:c1] = x[c0:c1, r0:r1]^T
+    reads = [Region(c0, c0 + cn, r0, r0 + rn)]
+    nbytes = 8.0 * rn * cn
+    return Lowered(OPCODE, PAGES, row_edges, col_edges, reads, cost_ns(0.0, nbytes),
+                   bytes=8.0 * rows * cols)
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float64).T
+
+
+def simulate(instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
+    x, out = tensors[instr["tensor"][abi.ARG_A]], tensors[instr["tensor"][abi.ARG_OUT]]
+    r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
+    out[r0:r0 + rn, c0:c0 + cn] = x[c0:c0 + cn, r0:r0 + rn].T
+    return ((abi.ARG_A, c0, c0 + cn, r0, r0 + rn),)

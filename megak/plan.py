@@ -1,0 +1,52 @@
+"""A compiled graph as both backends take it: encoded queues plus a tensor table.
+
+This is the hand-over point between the host pipeline (graph -> lowering -> scheduler -> abi)
+and the backends (sim.py, runtime/). Nothing in here knows about CUDA.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import abi
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """One entry of the tensor table. ``kind``: "input", "intermediate"; outputs name slots."""
+    slot: int
+    name: str
+    rows: int
+    cols: int
+    dtype: str  # numpy dtype name, e.g. "float32"
+    kind: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+
+@dataclass
+class Plan:
+    instrs: np.ndarray           # abi.INSTR_DTYPE, queues back to back
+    queue_start: np.ndarray      # uint32[n_sm + 1]
+    tensors: list[TensorSlot]
+    n_counters: int
+    n_sm: int
+    n_pages: int
+    op_labels: list[str]         # op_index -> "gemm #3 (a @ b -> t5)"
+    inputs: dict[str, int]       # input name -> tensor slot
+    outputs: dict[str, int]      # output name -> tensor slot
+    input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    counter_targets: np.ndarray | None = None  # uint32[n_counters]: signals per run
+
+    def queue(self, sm: int) -> np.ndarray:
+        return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]
+
+    def encoded(self) -> bytes:
+        return abi.encode(self.instrs)
+
+    def queue_lengths(self) -> list[int]:
+        return np.diff(self.queue_start.astype(np.int64)).tolist()

@@ -1,0 +1,353 @@
+"""From a validated graph to per-SM instruction queues.
+
+1. lower every op into tile instructions (megak/ops/<op>.py);
+2. wire dependencies at tile granularity: an instruction waits only on counters signalled by
+   the producer tiles that wrote the region it reads. Counters come at four levels per
+   producer op, allocated only where some consumer uses them::
+
+       tile     one per producer instruction                 target 1
+       row      one per row band of the producer's grid      target = tiles in the band
+       col      one per column band                          target = tiles in the band
+       op       one for the whole producer op                target = its instruction count
+
+   A consumer uses the finest level whose wait count fits in MK_MAX_WAITS (a GEMM tile
+   reading a 128-row band of a GEMM output waits on one row counter, not K/128 tiles);
+3. place instructions on SMs by list scheduling: in global (topological) order, each goes to
+   the SM that frees up first, so queue order follows a topological order of the dependency
+   graph and the schedule is deadlock-free by construction;
+4. check it anyway (`check_deadlock_free`), from the encoded records alone.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import abi, pages
+from .errors import GraphError
+from .graph import Graph
+from .ops import REGISTRY
+from .plan import Plan, TensorSlot
+
+LEVELS = ("tile", "row", "col", "op")
+HANDOFF_NS = 500.0  # a cross-SM acquire/release hand-off, measured on an H200
+
+
+@dataclass
+class _CounterBlock:
+    base: int
+    count: int
+    target: np.ndarray  # per counter of the block
+
+
+def _bands(edges_: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index of the first and last band of `edges_` overlapping [lo, hi)."""
+    first = np.searchsorted(edges_, lo, side="right") - 1
+    last = np.searchsorted(edges_, hi - 1, side="right") - 1
+    return first, last
+
+
+def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> Plan:
+    graph.validate()
+    if n_sm < 1:
+        raise GraphError(f"n_sm must be >= 1, got {n_sm}")
+    lowered = []
+    for op in graph.ops:
+        low = REGISTRY[op.kind].lower(op)
+        pages.check_page_needs(low.pages, n_pages, op.label)
+        lowered.append(low)
+
+    counts = np.array([low.n for low in lowered], dtype=np.int64)
+    op_start = np.concatenate([[0], np.cumsum(counts)])
+    total = int(op_start[-1])
+    ins = abi.empty_instrs(total)
+
+    # 1. per-instruction fields straight from each op's lowering
+    for op, low in zip(graph.ops, lowered):
+        s = slice(op_start[op.index], op_start[op.index + 1])
+        rec = ins[s]
+        rec["opcode"] = low.opcode
+        rec["pages"] = low.pages
+        rec["op_index"] = op.index
+        tensor = np.zeros(abi.MAX_TENSORS, dtype=np.uint32)
+        tensor[abi.ARG_OUT] = op.output.index
+        for i, t in enumerate(op.inputs):
+            tensor[i] = t.index  # operand positions A, B, ... match input order
+        rec["tensor"] = tensor
+        row0, rows, col0, cols = low.tile_regions()
+        rec["row0"], rec["rows"], rec["col0"], rec["cols"] = row0, rows, col0, cols
+        for key, value in low.extra.items():
+            rec[key] = value
+
+    # 2. dependencies
+    blocks: dict[tuple[int, str], _CounterBlock] = {}
+    n_counters = 0
+
+    def counter_block(producer: int, level: str) -> _CounterBlock:
+        nonlocal n_counters
+        key = (producer, level)
+        if key not in blocks:
+            p = lowered[producer]
+            nr, nc = p.n_row_tiles, p.n_col_tiles
+            if level == "tile":
+                target = np.ones(nr * nc, dtype=np.int64)
+            elif level == "row":
+                target = np.full(nr, nc, dtype=np.int64)
+            elif level == "col":
+                target = np.full(nc, nr, dtype=np.int64)
+            else:
+                target = np.array([nr * nc], dtype=np.int64)
+            blocks[key] = _CounterBlock(n_counters, len(target), target)
+            n_counters += len(target)
+        return blocks[key]
+
+    n_waits = np.zeros(total, dtype=np.int64)
+    for op, low in zip(graph.ops, lowered):
+        s = slice(op_start[op.index], op_start[op.index + 1])
+        produced = [(j, t) for j, t in enumerate(op.inputs) if t.producer is not None]
+        used = 0
+        for pos, (j, t) in enumerate(produced):
+            p = lowered[t.producer]
+            reg = low.reads[j]
+            rb0, rb1 = _bands(p.row_edges, reg.r0, reg.r1)
+            cb0, cb1 = _bands(p.col_edges, reg.c0, reg.c1)
+            nrb, ncb = rb1 - rb0 + 1, cb1 - cb0 + 1
+            avail = abi.MAX_WAITS - used - (len(produced) - pos - 1)
+            options = {"tile": int((nrb * ncb).max()), "row": int(nrb.max()),
+                       "col": int(ncb.max()), "op": 1}
+            level = next(lv for lv in LEVELS if options[lv] <= avail)
+            blk = counter_block(t.producer, level)
+            waits = _wait_lists(level, blk, p.n_col_tiles, rb0, nrb, cb0, ncb)
+            rec = ins[s]
+            for cid, mask in waits:
+                slot = n_waits[s][mask]
+                idx = np.nonzero(mask)[0]
+                wc = rec["wait_counter"]
+                wt = rec["wait_target"]
+                wc[idx, slot] = cid[mask]
+                wt[idx, slot] = blk.target[cid[mask] - blk.base]
+                rec["wait_counter"] = wc
+                rec["wait_target"] = wt
+                n_waits[s.start + idx] += 1
+            used += options[level]
+    ins["n_waits"] = n_waits
+
+    # signals: each producer instruction signals the counters of every level someone uses
+    n_sig = np.zeros(total, dtype=np.int64)
+    for (producer, level), blk in sorted(blocks.items(), key=lambda kv: kv[1].base):
+        p = lowered[producer]
+        s = slice(op_start[producer], op_start[producer + 1])
+        local = np.arange(p.n)
+        if level == "tile":
+            cid = local
+        elif level == "row":
+            cid = local // p.n_col_tiles
+        elif level == "col":
+            cid = local % p.n_col_tiles
+        else:
+            cid = np.zeros(p.n, dtype=np.int64)
+        sc = ins["signal_counter"][s]
+        sc[np.arange(p.n), n_sig[s]] = blk.base + cid
+        ins["signal_counter"][s] = sc
+        n_sig[s] += 1
+    ins["n_signals"] = n_sig
+
+    counter_targets = np.zeros(n_counters, dtype=np.uint32)
+    for blk in blocks.values():
+        counter_targets[blk.base:blk.base + blk.count] = blk.target
+
+    # 3. placement
+    cost = np.concatenate([low.cost_ns for low in lowered]) if total else np.zeros(0)
+    sm = _place(ins, cost, n_sm, n_counters)
+    order = np.lexsort((np.arange(total), sm))
+    ins = ins[order]
+    queue_start = np.searchsorted(sm[order], np.arange(n_sm + 1)).astype(np.uint32)
+    rank = order  # global (topological) index of each queued instruction
+
+    tensors = [TensorSlot(t.index, t.name or f"t{t.index}", t.rows, t.cols, t.dtype,
+                          "input" if t.producer is None else "intermediate")
+               for t in graph.tensors]
+    plan = Plan(
+        instrs=ins, queue_start=queue_start, tensors=tensors, n_counters=n_counters,
+        n_sm=n_sm, n_pages=n_pages, op_labels=[op.label for op in graph.ops],
+        inputs={name: t.index for name, t in graph.inputs.items()},
+        outputs={name: t.index for name, t in graph.outputs.items()},
+        input_shapes={name: (t.shape, t.dtype) for name, t in graph.inputs.items()},
+        output_shapes={name: t.shape for name, t in graph.outputs.items()},
+        counter_targets=counter_targets,
+    )
+    check_deadlock_free(plan, rank=rank)
+    return plan
+
+
+def _wait_lists(level, blk, p_cols, rb0, nrb, cb0, ncb):
+    """(counter ids, mask) pairs: the k-th wait of each consumer instruction at `level`."""
+    out = []
+    if level == "tile":
+        for dr in range(int(nrb.max())):
+            for dc in range(int(ncb.max())):
+                mask = (dr < nrb) & (dc < ncb)
+                out.append((blk.base + (rb0 + dr) * p_cols + (cb0 + dc), mask))
+    elif level == "row":
+        for dr in range(int(nrb.max())):
+            out.append((blk.base + rb0 + dr, dr < nrb))
+    elif level == "col":
+        for dc in range(int(ncb.max())):
+            out.append((blk.base + cb0 + dc, dc < ncb))
+    else:
+        out.append((np.full(len(rb0), blk.base), np.ones(len(rb0), dtype=bool)))
+    return out
+
+
+def _place(ins: np.ndarray, cost: np.ndarray, n_sm: int, n_counters: int) -> np.ndarray:
+    """List scheduling in global order: each instruction goes to the SM that frees first;
+    it starts when that SM is free and its counters are complete (+ a hand-off)."""
+    total = len(ins)
+    sm_of = np.empty(total, dtype=np.int64)
+    ready_of_counter = [0.0] * max(n_counters, 1)
+    free = [(0.0, s) for s in range(n_sm)]
+    heapq.heapify(free)
+    n_waits = ins["n_waits"].tolist()
+    n_signals = ins["n_signals"].tolist()
+    waits = ins["wait_counter"].tolist()
+    signals = ins["signal_counter"].tolist()
+    cost_l = cost.tolist()
+    for i in range(total):
+        ready = 0.0
+        for w in range(n_waits[i]):
+            r = ready_of_counter[waits[i][w]]
+            if r > ready:
+                ready = r
+        t_free, s = heapq.heappop(free)
+        start = t_free if t_free > ready + HANDOFF_NS else ready + HANDOFF_NS
+        if n_waits[i] == 0:
+            start = t_free
+        end = start + cost_l[i]
+        heapq.heappush(free, (end, s))
+        sm_of[i] = s
+        for k in range(n_signals[i]):
+            c = signals[i][k]
+            if end > ready_of_counter[c]:
+                ready_of_counter[c] = end
+    return sm_of
+
+
+def check_deadlock_free(plan: Plan, rank: np.ndarray | None = None) -> None:
+    """Raise GraphError unless every counter's waits match its signals and the graph of
+    queue order + dependency edges is acyclic (so no SM can wait forever).
+
+    With `rank` (a candidate topological index per queued instruction) the check is
+    vectorised; without it, or if the candidate fails, Kahn's algorithm finds the cycle.
+    """
+    ins = plan.instrs
+    total = len(ins)
+    nc = plan.n_counters
+    # every counter: signals per run == every target that waits on it
+    sig_mask = np.arange(abi.MAX_SIGNALS)[None, :] < ins["n_signals"][:, None]
+    wait_mask = np.arange(abi.MAX_WAITS)[None, :] < ins["n_waits"][:, None]
+    sig_c = ins["signal_counter"][sig_mask].astype(np.int64)
+    wait_c = ins["wait_counter"][wait_mask].astype(np.int64)
+    wait_t = ins["wait_target"][wait_mask].astype(np.int64)
+    if (sig_c >= nc).any() or (wait_c >= nc).any():
+        raise GraphError(f"schedule names a counter >= n_counters ({nc})")
+    signals_per_counter = np.bincount(sig_c, minlength=nc)
+    bad = np.nonzero(signals_per_counter[wait_c] != wait_t)[0]
+    if len(bad):
+        c = int(wait_c[bad[0]])
+        raise GraphError(f"deadlock: a wait on counter {c} expects {int(wait_t[bad[0]])} "
+                         f"signals per run but {int(signals_per_counter[c])} instructions "
+                         f"signal it")
+    if rank is not None and total:
+        rank = np.asarray(rank, dtype=np.int64)
+        sig_owner = np.nonzero(sig_mask)[0]
+        wait_owner = np.nonzero(wait_mask)[0]
+        last_producer = np.full(nc, -1, dtype=np.int64)
+        np.maximum.at(last_producer, sig_c, rank[sig_owner])
+        deps_ok = (last_producer[wait_c] < rank[wait_owner]).all()
+        qs = plan.queue_start.astype(np.int64)
+        same_queue = np.ones(total - 1, dtype=bool)
+        same_queue[qs[1:-1][(qs[1:-1] > 0) & (qs[1:-1] < total)] - 1] = False
+        queue_ok = (np.diff(rank)[same_queue] > 0).all() if total > 1 else True
+        if deps_ok and queue_ok:
+            return
+    _kahn(plan)
+
+
+def _kahn(plan: Plan) -> None:
+    ins = plan.instrs
+    total = len(ins)
+    qs = plan.queue_start.astype(np.int64)
+    queue_of = np.searchsorted(qs, np.arange(total), side="right") - 1
+    signalers: dict[int, list[int]] = {}
+    for i in range(total):
+        for k in range(int(ins["n_signals"][i])):
+            signalers.setdefault(int(ins["signal_counter"][i][k]), []).append(i)
+    # nodes: instructions 0..total-1, counters total..total+nc-1
+    indeg = [0] * (total + plan.n_counters)
+    succ: list[list[int]] = [[] for _ in range(total + plan.n_counters)]
+    for i in range(total):
+        for k in range(int(ins["n_signals"][i])):
+            c = total + int(ins["signal_counter"][i][k])
+            succ[i].append(c)
+            indeg[c] += 1
+        for k in range(int(ins["n_waits"][i])):
+            c = total + int(ins["wait_counter"][i][k])
+            succ[c].append(i)
+            indeg[i] += 1
+        if i + 1 < total and queue_of[i + 1] == queue_of[i]:
+            succ[i].append(i + 1)
+            indeg[i + 1] += 1
+    stack = [n for n in range(len(indeg)) if indeg[n] == 0]
+    seen = 0
+    while stack:
+        n = stack.pop()
+        seen += 1
+        for m in succ[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                stack.append(m)
+    if seen == len(indeg):
+        return
+    stuck = [i for i in range(total) if indeg[i] > 0]
+    i = stuck[0]
+    sm = int(queue_of[i])
+    desc = []
+    for k in range(int(ins["n_waits"][i])):
+        c = int(ins["wait_counter"][i][k])
+        if indeg[total + c] > 0 or any(indeg[p] > 0 for p in signalers.get(c, [])):
+            who = [(int(queue_of[p]), p - int(qs[queue_of[p]])) for p in signalers.get(c, [])
+                   if indeg[p] > 0][:4]
+            desc.append(f"counter {c} (signalled by SM/queue-index {who})")
+    label = plan.op_labels[int(ins["op_index"][i])] if plan.op_labels else ""
+    raise GraphError(f"deadlock: queue order and dependencies form a cycle; SM {sm} queue "
+                     f"index {i - int(qs[sm])} ({label}) can never run: it waits on "
+                     f"{', '.join(desc) or 'an earlier blocked instruction in its queue'}; "
+                     f"{len(stuck)} instructions blocked in all")
+
+
+def stats(plan: Plan) -> dict:
+    ins = plan.instrs
+    by_op = {abi.OPCODE_NAMES[int(k)]: int(v)
+             for k, v in zip(*np.unique(ins["opcode"], return_counts=True))}
+    peak = []
+    for s in range(plan.n_sm):
+        p = plan.queue(s)["pages"].astype(np.int64)
+        if len(p) == 0:
+            peak.append(0)
+            continue
+        pair = p[:-1] + p[1:] if len(p) > 1 else p
+        # two slots: the next instruction holds its pages while the current one runs,
+        # when both fit; otherwise it waits for the release
+        pair = np.where(pair <= plan.n_pages, pair, np.maximum(p[:-1], p[1:])) \
+            if len(p) > 1 else p
+        peak.append(int(max(pair.max(), p.max())))
+    return {
+        "instructions": int(len(ins)),
+        "instructions_per_opcode": by_op,
+        "queue_lengths": plan.queue_lengths(),
+        "counters": int(plan.n_counters),
+        "pages_per_sm": int(plan.n_pages),
+        "peak_pages_per_sm": peak,
+        "n_sm": int(plan.n_sm),
+    }
