@@ -11,6 +11,7 @@
 from .errors import GraphError, MegakernelError, MegakernelHang
 from .graph import Graph, Tensor
 from .program import BACKENDS, Program, compile, resolve_backend
+from .trace import Trace
 
 __all__ = [
     "BACKENDS",
@@ -20,6 +21,7 @@ __all__ = [
     "MegakernelHang",
     "Program",
     "Tensor",
+    "Trace",
     "compile",
     "resolve_backend",
 ]

@@ -40,6 +40,7 @@ FLAGS = _enum("mk_flags")
 DTYPES = _enum("mk_dtype")
 OPERANDS = _enum("mk_operand")
 OP_SHAPES = _enum("mk_op_shapes")
+TRACE_PHASES = _enum("mk_trace_phase")
 
 INSTR_BYTES = LIMITS["MK_INSTR_BYTES"]
 MAX_WAITS = LIMITS["MK_MAX_WAITS"]
@@ -96,6 +97,7 @@ TENSOR_DTYPE = numpy_dtype("mk_tensor")
 STATUS_DTYPE = numpy_dtype("mk_status")
 SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
 PARAMS_DTYPE = numpy_dtype("mk_params")
+TRACE_DTYPE = numpy_dtype("mk_trace_event")
 
 if INSTR_DTYPE.itemsize != INSTR_BYTES:  # the header contradicts itself: refuse to run
     raise ImportError(f"instr.h: sizeof(mk_instr) = {INSTR_DTYPE.itemsize}, "
@@ -142,13 +144,14 @@ def layout_asserts() -> str:
     """
     f = ffi()
     lines = ['#include "instr.h"']
-    for ctype in ("mk_instr", "mk_tensor", "mk_sm_state", "mk_status", "mk_params"):
+    for ctype in ("mk_instr", "mk_tensor", "mk_sm_state", "mk_status", "mk_params",
+                  "mk_trace_event"):
         t = f.typeof(ctype)
         lines.append(f'static_assert(sizeof({ctype}) == {f.sizeof(t)}, "sizeof {ctype}");')
         for name, field in t.fields:
             lines.append(f"static_assert(__builtin_offsetof({ctype}, {name}) == {field.offset},"
                          f' "{ctype}.{name}");')
-    for enum in ("mk_limits", "mk_op_shapes", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
+    for enum in ("mk_limits", "mk_op_shapes", "mk_trace_phase", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
         for name, value in _enum(enum).items():
             lines.append(f'static_assert({name} == {value}, "{name}");')
     return "\n".join(lines) + "\n"

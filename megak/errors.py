@@ -19,7 +19,7 @@ class MegakernelError(RuntimeError):
                  sm_states: list[dict] | None = None):
         super().__init__(message)
         self.record = record or {}
-        self.sm_states = sm_states or []
+        self.sm_states = list(sm_states) if sm_states is not None else []
 
 
 class MegakernelHang(MegakernelError):
@@ -45,8 +45,12 @@ def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue
     rec = status if isinstance(status, dict) else status_to_dict(status)
     if rec["error"] == abi.ERRORS["MK_OK"]:
         return
-    states = sm_states if (sm_states and isinstance(sm_states[0], dict)) else \
-        sm_states_to_dicts(sm_states) if sm_states is not None else []
+    if sm_states is None or len(sm_states) == 0:
+        states = []
+    elif isinstance(sm_states[0], dict):
+        states = list(sm_states)
+    else:
+        states = sm_states_to_dicts(sm_states)
     code = rec["error"]
     name = abi.ERROR_NAMES.get(code, f"error {code}")
 

@@ -41,6 +41,9 @@ class Plan:
     input_shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     output_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     counter_targets: np.ndarray | None = None  # uint32[n_counters]: signals per run
+    op_kinds: list[str] = field(default_factory=list)
+    op_flops: list[float] = field(default_factory=list)   # from lowering, for the trace
+    op_bytes: list[float] = field(default_factory=list)
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

@@ -9,6 +9,7 @@ from . import pages, scheduler
 from .errors import GraphError
 from .graph import Graph
 from .plan import Plan
+from .trace import Trace
 
 BACKENDS = ("sim", "cuda")
 DEFAULT_SIM_SMS = 132  # an H200's SM count, so the simulator runs the GPU's queue shapes
@@ -55,6 +56,7 @@ class Program:
         self.plan = plan
         self.backend = backend
         self.stats = scheduler.stats(plan)
+        self.last_trace: Trace | None = None
         if backend == "sim":
             from .sim import SimExecutor
             self._executor = SimExecutor(plan, **options)
@@ -62,7 +64,10 @@ class Program:
             from .runtime.executor import CudaExecutor
             self._executor = CudaExecutor(plan, **options)
 
-    def run(self, **inputs) -> dict[str, np.ndarray]:
+    def run(self, *, trace: bool = False, **inputs) -> dict[str, np.ndarray]:
+        """Run once. With ``trace=True`` the per-instruction timeline of this run is kept in
+        ``self.last_trace`` (a megak.Trace); tracing uses a separately compiled variant on the
+        GPU, so runs without it pay nothing."""
         plan = self.plan
         missing = sorted(set(plan.inputs) - set(inputs))
         unknown = sorted(set(inputs) - set(plan.inputs))
@@ -84,8 +89,19 @@ class Program:
             # non-contiguous views are copied; the caller's array is never written
             arrays[plan.inputs[name]] = np.ascontiguousarray(value)
         slots = sorted(set(plan.outputs.values()))
-        results = self._executor.run(arrays, slots)
+        if trace:
+            results = self._executor.run(arrays, slots, trace=True)
+            self.last_trace = self._make_trace(self._executor.last_trace_events)
+        else:
+            results = self._executor.run(arrays, slots)
         return {name: results[slot].copy() for name, slot in plan.outputs.items()}
+
+    def _make_trace(self, events: np.ndarray) -> Trace:
+        plan = self.plan
+        return Trace(events=events, op_labels=plan.op_labels, op_kinds=plan.op_kinds,
+                     op_flops=plan.op_flops, op_bytes=plan.op_bytes, n_sm=plan.n_sm,
+                     n_pages=plan.n_pages, own_pages=plan.instrs["pages"].copy(),
+                     unit="step" if self.backend == "sim" else "ns")
 
     def close(self) -> None:
         self._executor.close()

@@ -176,6 +176,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         input_shapes={name: (t.shape, t.dtype) for name, t in graph.inputs.items()},
         output_shapes={name: t.shape for name, t in graph.outputs.items()},
         counter_targets=counter_targets,
+        op_kinds=[op.kind for op in graph.ops],
+        op_flops=[low.flops for low in lowered],
+        op_bytes=[low.bytes for low in lowered],
     )
     check_deadlock_free(plan, rank=rank)
     return plan

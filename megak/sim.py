@@ -73,7 +73,10 @@ class SimExecutor:
         pass
 
     # -- one run ----------------------------------------------------------------------------
-    def run(self, inputs: dict[int, np.ndarray], outputs: list[int]) -> dict[int, np.ndarray]:
+    def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
+            trace: bool = False) -> dict[int, np.ndarray]:
+        """Execute the plan; with ``trace``, ``self.last_trace_events`` holds one
+        abi.TRACE_DTYPE record per instruction (queue order), in logical steps."""
         plan = self.plan
         data = abi.encode(plan.instrs)          # execute the bytes, not the Python objects
         instrs = abi.decode(data)
@@ -86,6 +89,7 @@ class SimExecutor:
             else:
                 tensors.append(np.full(slot.shape, np.nan, dtype=np.float32))  # poison
                 written.append(np.zeros(slot.shape, dtype=bool))
+        self._events = np.zeros(len(instrs), dtype=abi.TRACE_DTYPE) if trace else None
         try:
             self._execute(instrs, tensors, written)
         except _Stop as stop:
@@ -95,6 +99,7 @@ class SimExecutor:
             self._reset_counters()
             raise
         self.epoch += 1
+        self.last_trace_events = self._events
         return {s: tensors[s].copy() for s in outputs}
 
     def _execute(self, instrs, tensors, written) -> None:
@@ -125,6 +130,15 @@ class SimExecutor:
             exc.fields["finished_blocks"] = sum(done)
             raise exc
 
+        clock = [0]
+        events = self._events
+        phase = abi.TRACE_PHASES
+
+        def mark(s: int, cur: _Slot, which: str, extra: int = 0) -> None:
+            if events is not None:
+                e = events[qs[s] + cur.q]
+                e["t"][phase[which]] = clock[0] + extra
+
         def step(s: int) -> bool:
             """One transition of SM s; False when it cannot move."""
             sl = slots[s]
@@ -133,6 +147,11 @@ class SimExecutor:
                 rec = queues[s][nxt[s]]
                 self._validate(s, nxt[s], rec, stop)
                 sl.append(_Slot(nxt[s], rec))
+                if events is not None:
+                    e = events[qs[s] + nxt[s]]
+                    e["queue_index"], e["sm"], e["slot"] = nxt[s], s, nxt[s] % 2
+                    e["opcode"], e["op_index"] = rec["opcode"], rec["op_index"]
+                mark(s, sl[-1], "MK_T_FETCH")
                 nxt[s] += 1
                 return True
             for k, cur in enumerate(sl):
@@ -147,6 +166,8 @@ class SimExecutor:
                         cur.wait_k += 1
                     else:
                         cur.phase = "acquire"
+                        # end of the round: a signal seen now may come from a store this round
+                        mark(s, cur, "MK_T_WAITED", 3)
                         return True
                     continue
                 if cur.phase == "acquire":
@@ -158,10 +179,17 @@ class SimExecutor:
                         cur.phase = "ready"
                         held = sum(len(x.pages) for x in sl)
                         peak[s] = max(peak[s], held)
+                        mark(s, cur, "MK_T_ACQUIRED")
+                        if events is not None:
+                            events[qs[s] + cur.q]["pages_in_use"] = held
                         return True
                     continue
                 if cur.phase == "ready" and k == 0:
+                    # an op is one step here; its load/compute/store boundaries split it
+                    mark(s, cur, "MK_T_LOADED", 1)
                     self._run_op(s, cur, rec, tensors, written, stop)
+                    mark(s, cur, "MK_T_COMPUTED", 2)
+                    mark(s, cur, "MK_T_STORED", 3)
                     release = cur.pages
                     if int(rec["flags"]) & abi.FLAG_DEBUG_LEAK_PAGE and release:
                         release = release[:-1]
@@ -179,7 +207,12 @@ class SimExecutor:
                     return True
             return False
 
+        rounds = 0
         while not all(done):
+            # logical time: every live SM makes at most one transition per round; a round is
+            # 4 ticks so an op's load/compute/store boundaries fall inside its round
+            clock[0] = 4 * rounds
+            rounds += 1
             live = [s for s in range(n_sm) if not done[s]]
             if self.order == "random":
                 self.rng.shuffle(live)

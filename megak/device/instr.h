@@ -156,6 +156,29 @@ typedef struct mk_params {
     mk_u32 n_counters;
     mk_u32 n_pages;       /* pages the host carved; the block checks it fits */
     mk_u32 debug;         /* non-zero: page-leak check at the end of each queue */
+    mk_u64 trace;         /* mk_trace_event[total], one per queued instruction; read only by
+                             the variant compiled with MK_TRACE=1 */
 } mk_params;
+
+/* Phase boundaries of one instruction, %globaltimer ns (logical steps in the simulator). */
+enum mk_trace_phase {
+    MK_T_FETCH = 0,     /* record in its slot */
+    MK_T_WAITED = 1,    /* dependencies satisfied */
+    MK_T_ACQUIRED = 2,  /* pages held */
+    MK_T_LOADED = 3,    /* first operand tile in shared memory / registers */
+    MK_T_COMPUTED = 4,  /* results in registers */
+    MK_T_STORED = 5,    /* results in global memory, signals sent */
+    MK_TRACE_PHASES = 6
+};
+
+typedef struct mk_trace_event {
+    mk_u32 queue_index;
+    mk_u16 sm;
+    mk_u16 slot;
+    mk_u16 opcode;
+    mk_u16 pages_in_use;  /* pages held on this SM once this instruction acquired its own */
+    mk_u32 op_index;
+    mk_u64 t[MK_TRACE_PHASES];
+} mk_trace_event;
 
 #endif /* MEGAK_INSTR_H */

@@ -1,0 +1,200 @@
+/* MK_OP_GEMM: out[m, n] = sum_{k in [k0, k0 + klen)} A[m, k] * B[k, n]
+ *   for m in [row0, row0 + rows), n in [col0, col0 + cols); rows, cols <= 128; fp32
+ *   accumulate; the result overwrites out. Operands: A (M x K), B (K x N), OUT (M x N).
+ *   Four pages: As0 Bs0 As1 Bs1 (two stages of a 32-deep k tile).
+ *
+ * Classic register-blocked SGEMM, one 128 x 128 output tile per instruction:
+ *
+ *   page 0/2  As[k][m]  32 x 128 fp32 = 16 KiB, A tile transposed (so a k step reads m's
+ *                       contiguously), 16-B chunks XOR-swizzled (see below)
+ *   page 1/3  Bs[k][n]  32 x 128 fp32 = 16 KiB, B tile as is
+ *
+ *   thread t: tx = t % 16, ty = t / 16 owns rows {4ty..4ty+3, 64+4ty..64+4ty+3} x
+ *   cols {4tx..4tx+3, 64+4tx..64+4tx+3}: 64 accumulators in registers.
+ *
+ * Why:
+ *  - 8 x 8 outputs per thread: each k step is 4 float4 shared loads for 64 FMAs, so the FMA
+ *    pipe, not shared memory, is the limit.
+ *  - the 4-row/4-col groups are split by 64 instead of being 8 contiguous: a warp's B reads are
+ *    16 consecutive float4 (no conflict) and its global stores are 256-B contiguous rows.
+ *  - As is stored transposed with scalar stores; without a swizzle the 32 lanes of a warp
+ *    (4 m values x 8 k chunks) would hit 4 banks (8-way conflict). The chunk holding
+ *    m..m+3 at row k moves to chunk (m >> 2) ^ ((k >> 2) & 7): stores become conflict-free,
+ *    the compute loop's float4 reads stay contiguous (it XORs its chunk index once per 4 k).
+ *  - double buffering with one barrier per k tile: tile kt+1 is loaded into registers before
+ *    tile kt is multiplied (the global latency hides behind 2048 FMAs per thread) and stored to
+ *    the other stage afterwards.
+ *  - float4 global loads/stores where pointer and leading dimension allow; scalar loads with
+ *    zero fill at the M/N/K edges, so any shape works and shared memory never holds garbage
+ *    (0 * NaN would poison a valid output).
+ */
+#ifndef MEGAK_OP_GEMM_CUH
+#define MEGAK_OP_GEMM_CUH
+
+#include "../instr.h"
+#include "../sync.cuh"
+#include "../pages.cuh"
+
+/* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128 come from instr.h. */
+enum {
+    MK_GEMM_TILE = 128,
+    MK_GEMM_BK = 32,
+    MK_GEMM_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_B) | (1u << MK_ARG_OUT)
+};
+
+static_assert(MK_GEMM_TILE_M == MK_GEMM_TILE && MK_GEMM_TILE_N == MK_GEMM_TILE &&
+              MK_GEMM_PAGES >= 4, "the layout below is a 128 x 128 tile on 4 pages");
+static_assert(MK_THREADS == 256, "the GEMM thread layout assumes 256 threads");
+static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or B is one page");
+
+__device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
+{
+    return in.row0 >= 0 && in.col0 >= 0 && in.k0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
+           in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE;
+}
+
+__device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const mk_tensor* op)
+{
+    return mk_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
+           mk_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
+           mk_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
+}
+
+/* Global -> registers: this thread's 4 float4 of the A tile and 4 of the B tile. */
+struct mk_gemm_stage {
+    float4 a[4];
+    float4 b[4];
+};
+
+__device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor* op,
+                                            const mk_pages& pages)
+{
+    const mk_tensor& TA = op[MK_ARG_A];
+    const mk_tensor& TB = op[MK_ARG_B];
+    const mk_tensor& TO = op[MK_ARG_OUT];
+    const int rows = in.rows, cols = in.cols, klen = in.klen;
+    if (rows <= 0 || cols <= 0)
+        return;
+    const mk_u32 lda = TA.ld, ldb = TB.ld, ldo = TO.ld;
+    /* Tile origins: A[row0][k0], B[k0][col0], out[row0][col0]. */
+    const float* ga = reinterpret_cast<const float*>(TA.ptr) + (mk_u64)in.row0 * lda + in.k0;
+    const float* gb = reinterpret_cast<const float*>(TB.ptr) + (mk_u64)in.k0 * ldb + in.col0;
+    float* go = reinterpret_cast<float*>(TO.ptr) + (mk_u64)in.row0 * ldo + in.col0;
+    const bool a_vec = mk_vec_ok(ga, lda);
+    const bool b_vec = mk_vec_ok(gb, ldb);
+    const bool o_vec = mk_vec_ok(go, ldo);
+
+    const int tid = (int)threadIdx.x;
+    const int warp = tid >> 5;
+    /* loader roles: A: row m = tid/8 + 32*it, k chunk tid%8; B: row k = tid/32 + 8*it, n chunk tid%32 */
+    const int a_row = tid >> 3, a_kq = tid & 7;
+    const int b_row = tid >> 5, b_nq = tid & 31;
+    /* compute roles */
+    const int tx = tid & 15, ty = tid >> 4;
+
+    float* const as0 = pages[0];
+    float* const bs0 = pages[1];
+    float* const as1 = pages[2];
+    float* const bs1 = pages[3];
+
+    const int ntiles = (klen + MK_GEMM_BK - 1) / MK_GEMM_BK;
+
+    mk_gemm_stage st;
+    /* Load k tile kt into registers (zero outside the region). */
+    auto load = [&](int kt) {
+        const int kb = kt * MK_GEMM_BK;
+        const int ka = kb + 4 * a_kq;
+#pragma unroll
+        for (int it = 0; it < 4; ++it) {
+            const int m = a_row + 32 * it;
+            const int n = m < rows ? klen - ka : 0;
+            st.a[it] = mk_ld_f4_edge(ga + (mk_u64)m * lda + ka, n, a_vec);
+        }
+#pragma unroll
+        for (int it = 0; it < 4; ++it) {
+            const int k = kb + b_row + 8 * it;
+            const int n = k < klen ? cols - 4 * b_nq : 0;
+            st.b[it] = mk_ld_f4_edge(gb + (mk_u64)k * ldb + 4 * b_nq, n, b_vec);
+        }
+    };
+    /* Registers -> one shared stage. A goes transposed + swizzled: element (m, k) of the tile
+     * to As[k][(((m >> 2) ^ ((k >> 2) & 7)) << 2) | (m & 3)]. Here k >> 2 = a_kq and
+     * m >> 2 = warp + 8*it, so the XOR only touches the warp bits. */
+    auto store = [&](float* as, float* bs) {
+#pragma unroll
+        for (int it = 0; it < 4; ++it) {
+            const int col = ((((warp ^ a_kq) + 8 * it)) << 2) | (a_row & 3);
+            float* p = as + (4 * a_kq) * MK_GEMM_TILE + col;
+            p[0 * MK_GEMM_TILE] = st.a[it].x;
+            p[1 * MK_GEMM_TILE] = st.a[it].y;
+            p[2 * MK_GEMM_TILE] = st.a[it].z;
+            p[3 * MK_GEMM_TILE] = st.a[it].w;
+        }
+#pragma unroll
+        for (int it = 0; it < 4; ++it)
+            *reinterpret_cast<float4*>(bs + (b_row + 8 * it) * MK_GEMM_TILE + 4 * b_nq) = st.b[it];
+    };
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            acc[i][j] = 0.f;
+
+    if (ntiles > 0) {
+        load(0);
+        store(as0, bs0);
+    }
+    __syncthreads();
+    mk_trace_mark(MK_T_LOADED);
+
+    for (int kt = 0; kt < ntiles; ++kt) {
+        const bool odd = kt & 1;
+        const float* as = odd ? as1 : as0;
+        const float* bs = odd ? bs1 : bs0;
+        const bool more = kt + 1 < ntiles;
+        if (more)
+            load(kt + 1);   /* in flight while this tile is multiplied */
+
+#pragma unroll
+        for (int k = 0; k < MK_GEMM_BK; ++k) {
+            const int ca = ty ^ ((k >> 2) & 7);   /* swizzled chunk of rows 4ty.. (and +16) */
+            const float4 a0 = *reinterpret_cast<const float4*>(as + k * MK_GEMM_TILE + 4 * ca);
+            const float4 a1 = *reinterpret_cast<const float4*>(as + k * MK_GEMM_TILE + 4 * ca + 64);
+            const float4 b0 = *reinterpret_cast<const float4*>(bs + k * MK_GEMM_TILE + 4 * tx);
+            const float4 b1 = *reinterpret_cast<const float4*>(bs + k * MK_GEMM_TILE + 4 * tx + 64);
+            const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+
+        if (more)
+            store(odd ? as0 : as1, odd ? bs0 : bs1);
+        __syncthreads();   /* stage kt may be overwritten by tile kt + 2 after this */
+    }
+
+    mk_trace_mark(MK_T_COMPUTED);
+
+    /* Epilogue: rows 4ty + i (+64), columns 4tx (+64); float4 stores when aligned. */
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int m = (i < 4 ? 0 : 64) + 4 * ty + (i & 3);
+        if (m < rows) {
+            float* row = go + (mk_u64)m * ldo;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int n = 64 * h + 4 * tx;
+                const float4 v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
+                                             acc[i][4 * h + 3]);
+                mk_st_f4_edge(row + n, v, cols - n, o_vec);
+            }
+        }
+    }
+}
+
+#endif /* MEGAK_OP_GEMM_CUH */

@@ -1,0 +1,184 @@
+/* megak: memory-ordering and memory-access primitives of the megakernel (DESIGN.md sections 4, 5).
+ *
+ * Everything that touches memory shared between SMs goes through these few functions, so the
+ * ordering contract is visible in one place:
+ *
+ *   producer: all threads' global writes -> __syncthreads() -> one thread: mk_fence_acq_rel()
+ *             + mk_red_release_add(counter, 1)
+ *   consumer: one thread spins on mk_ld_acquire(counter) -> __syncthreads() -> everyone reads
+ *
+ * Tensor data that other SMs write during the kernel is read with mk_ld_f / mk_ld_f4: explicit
+ * weak `ld.global`. Never `.nc`/__ldg: the read-only path may serve stale lines. Weak loads are
+ * safe: the consumer's ld.acquire.gpu invalidates the SM's L1 before the barrier that releases
+ * the other threads (PTX memory model, causality through bar.sync). We spell the loads in PTX
+ * because tensor pointers come out of descriptors (plain u64): NVVM cannot prove they are
+ * global (it would emit generic loads) and must never "prove" them read-only (.nc).
+ *
+ * NVRTC-only: no standard headers; the types come from instr.h.
+ */
+#ifndef MEGAK_SYNC_CUH
+#define MEGAK_SYNC_CUH
+
+#include "instr.h"
+
+/* ---- counters and flags (gpu scope) ---------------------------------------------------- */
+
+__device__ __forceinline__ mk_u32 mk_ld_acquire(const mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* A plain coherent poll (no ordering): the abort flag only tells a spinning block to stop. */
+__device__ __forceinline__ mk_u32 mk_ld_relaxed(const mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void mk_st_release(mk_u32* p, mk_u32 v)
+{
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void mk_fence_acq_rel()
+{
+    asm volatile("fence.acq_rel.gpu;" : : : "memory");
+}
+
+__device__ __forceinline__ void mk_red_release_add(mk_u32* p, mk_u32 v)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
+/* Nanoseconds, the same clock on every SM: deadlines of spin loops. */
+__device__ __forceinline__ mk_u64 mk_globaltimer()
+{
+    mk_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* Bytes of dynamic shared memory this launch really has: the block checks its pages fit. */
+__device__ __forceinline__ mk_u32 mk_dynamic_smem_size()
+{
+    mk_u32 n;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n));
+    return n;
+}
+
+__device__ __forceinline__ mk_u32 mk_smem_addr(const void* p)
+{
+    return (mk_u32)__cvta_generic_to_shared(p);
+}
+
+/* ---- asynchronous global -> shared copies (instruction prefetch) ------------------------ *
+ * cp.async lets warp 0 start fetching the next record and its operand descriptors without
+ * holding registers or stalling while the current instruction runs. Only host-written,
+ * read-only data (queues, tensor table) goes through these, so the L1 path is fine.         */
+
+__device__ __forceinline__ void mk_cp_async_16(void* smem, const void* gmem)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 : : "r"(mk_smem_addr(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void mk_cp_async_8(void* smem, const void* gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;"
+                 : : "r"(mk_smem_addr(smem)), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void mk_cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" : : : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void mk_cp_async_wait_group()
+{
+    asm volatile("cp.async.wait_group %0;" : : "n"(N) : "memory");
+}
+
+__device__ __forceinline__ void mk_cp_async_wait_all()
+{
+    asm volatile("cp.async.wait_all;" : : : "memory");
+}
+
+/* ---- tensor data ------------------------------------------------------------------------ */
+
+__device__ __forceinline__ float mk_ld_f(const float* p)
+{
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float4 mk_ld_f4(const float* p)
+{
+    float4 v;
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void mk_st_f(float* p, float v)
+{
+    asm volatile("st.global.f32 [%0], %1;" : : "l"(p), "f"(v) : "memory");
+}
+
+__device__ __forceinline__ void mk_st_f4(float* p, float4 v)
+{
+    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};"
+                 : : "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
+/* Up to 4 consecutive floats, zero beyond `n` (n <= 0: all zero). One 16-byte load when the
+ * caller says the address is 16-byte aligned and all 4 are in range; scalars at edges. */
+__device__ __forceinline__ float4 mk_ld_f4_edge(const float* p, int n, bool vec)
+{
+    if (vec && n >= 4)
+        return mk_ld_f4(p);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (n > 0) v.x = mk_ld_f(p);
+    if (n > 1) v.y = mk_ld_f(p + 1);
+    if (n > 2) v.z = mk_ld_f(p + 2);
+    if (n > 3) v.w = mk_ld_f(p + 3);
+    return v;
+}
+
+/* Store the first min(n, 4) floats of v. */
+__device__ __forceinline__ void mk_st_f4_edge(float* p, float4 v, int n, bool vec)
+{
+    if (vec && n >= 4) {
+        mk_st_f4(p, v);
+        return;
+    }
+    if (n > 0) mk_st_f(p, v.x);
+    if (n > 1) mk_st_f(p + 1, v.y);
+    if (n > 2) mk_st_f(p + 2, v.z);
+    if (n > 3) mk_st_f(p + 3, v.w);
+}
+
+/* True when 4 floats at p (and at p + k*ld for every row k) are 16-byte aligned. */
+__device__ __forceinline__ bool mk_vec_ok(const float* p, mk_u32 ld)
+{
+    return ((((mk_u64)p) & 15u) == 0) && ((ld & 3u) == 0);
+}
+
+/* Debug-mode descriptor check: `t` is an fp32 view with a sane leading dimension and the
+ * region [r0, r0 + nr) x [c0, c0 + nc) lies inside it. 64-bit math: no overflow on bad input. */
+__device__ __forceinline__ bool mk_region_ok(const mk_tensor& t, long long r0, long long nr,
+                                             long long c0, long long nc)
+{
+    if (r0 < 0 || c0 < 0 || nr < 0 || nc < 0)
+        return false;
+    if (nr == 0 || nc == 0)
+        return true;
+    return t.dtype == MK_DTYPE_F32 && t.ptr != 0 && (t.ptr & 3u) == 0 && t.ld >= t.cols &&
+           r0 + nr <= (long long)t.rows && c0 + nc <= (long long)t.cols;
+}
+
+#endif /* MEGAK_SYNC_CUH */

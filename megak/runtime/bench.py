@@ -1,0 +1,243 @@
+"""Timing on the GPU, for benchmarks/: the megakernel, and the same ops as separate launches
+(plain or captured in a CUDA graph), all on a CudaExecutor's buffers so every variant computes
+the same thing from the same memory.
+
+    prog = megak.compile(g, backend="cuda")
+    b = Bench(prog)                 # inputs uploaded once with b.upload(**inputs)
+    us = b.time_megakernel(reps=50) # CUDA events around each launch, L2 flushed before each
+    out = b.outputs()               # outputs of the last timed launch, to check them
+
+"separate" launches one kernel per graph op: grid = that op's instructions, one block each,
+built from the same device op code as the megakernel (entry point megak_op, no waits or
+signals: stream order is the dependency), with the shared memory the op's pages need.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import abi, pages
+from ..errors import MegakernelError
+from . import memory as mem
+from .driver import _bindings, check
+
+L2_FLUSH_BYTES = 256 << 20   # several times the H200's 60 MB L2
+
+
+class Bench:
+    def __init__(self, prog):
+        if prog.backend != "cuda":
+            raise ValueError("Bench times the cuda backend")
+        self.prog = prog
+        self.ex = ex = prog._executor
+        self.plan = plan = prog.plan
+        ex._dev.set_current()
+        self._memory = ex._memory
+        self._stream = ex._stream
+        self._h = ex._h
+        self._flush = self._memory.device(L2_FLUSH_BYTES, "L2 flush")
+        self._params_blocks = None
+        # one kernel launch per op, in graph order: instructions regrouped by op
+        order = np.argsort(plan.instrs["op_index"], kind="stable")
+        self._op_instrs = plan.instrs[order]
+        ops = self._op_instrs["op_index"]
+        self._op_ranges = []
+        for op in np.unique(ops):
+            idx = np.nonzero(ops == op)[0]
+            need = int(self._op_instrs["pages"][idx].max())
+            self._op_ranges.append((int(op), int(idx[0]), len(idx), need))
+        self._op_kernel = None
+        self._graph_exec = None
+
+    # -- data ---------------------------------------------------------------------------------
+    def upload(self, **inputs) -> None:
+        """Put the inputs in the executor's device buffers (once, untimed)."""
+        plan = self.plan
+        arrays = {plan.inputs[k]: np.ascontiguousarray(v) for k, v in inputs.items()}
+        # a normal run uploads and checks everything; its outputs are discarded
+        self.ex.run(arrays, [])
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """Outputs as the last launch left them in device memory."""
+        ex = self.ex
+        out = {}
+        for name, slot in self.plan.outputs.items():
+            tb = ex._tensors[slot]
+            nbytes = tb.slot.rows * tb.ld * tb.np_dtype.itemsize
+            st = ex._stage(slot)
+            mem.dtoh(st.ptr, tb.buf.ptr, nbytes, self._h)
+            self._sync()
+            out[name] = st.array(tb.np_dtype, tb.padded_shape)[:, :tb.slot.cols].copy()
+        return out
+
+    # -- timing -------------------------------------------------------------------------------
+    def time_megakernel(self, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
+                        trace: bool = False) -> np.ndarray:
+        """Microseconds of each of `reps` megakernel launches (after `warmup`)."""
+        ex = self.ex
+        kernel = ex._variant(trace=trace)[2]
+        n = reps + warmup
+        params = self._params_for(n)
+        if trace:
+            tdev, _ = ex._trace_buffers()
+            params["trace"] = tdev.ptr
+        host = self._memory.pinned(params.nbytes, "bench params (host)")
+        dev = self._memory.device(params.nbytes, "bench params")
+        try:
+            host.array(abi.PARAMS_DTYPE, (n,))[:] = params
+            mem.memset32(ex._dev_buf["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
+            mem.htod(dev.ptr, host.ptr, params.nbytes, self._h)
+            from cuda.core import launch
+
+            def one(i):
+                launch(self._stream, ex._config, kernel, dev.ptr + i * abi.PARAMS_DTYPE.itemsize)
+            times = self._time(one, n, warmup, flush_l2)
+            self._check_status(expect_blocks=n * self.plan.n_sm)
+            ex.epoch = int(params[-1]["epoch"]) + 1
+        finally:
+            self._sync()
+            self._memory.free(host)
+            self._memory.free(dev)
+        return times
+
+    def time_separate(self, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
+                      graph: bool = False) -> np.ndarray:
+        """Microseconds of each run of the graph as one kernel launch per op (optionally
+        replayed from a CUDA graph of those launches)."""
+        self._prepare_separate()
+        if graph:
+            exec_ = self._capture_graph()
+            drv = _bindings()
+
+            def one(i):
+                check(drv.cuGraphLaunch(exec_, self._h), "cuGraphLaunch")
+        else:
+            one = self._launch_ops
+        times = self._time(one, reps + warmup, warmup, flush_l2)
+        self._check_status(expect_blocks=None)
+        return times
+
+    # -- internals ----------------------------------------------------------------------------
+    def _params_for(self, n: int) -> np.ndarray:
+        ex = self.ex
+        base = ex._params_host[0].copy()
+        if ex._zero_counters:   # a fresh or failed executor: counters from zero
+            mem.memset32(ex._dev_buf["counters"].ptr, 0, ex._counter_capacity, self._h)
+            ex._zero_counters = False
+            ex.epoch = 0
+        params = np.repeat(base[None], n)
+        params["epoch"] = ex.epoch + np.arange(n)
+        params["trace"] = 0
+        # keep the epoch far from the u32 wrap of (epoch + 1) * target
+        if (int(params[-1]["epoch"]) + 2) * max(ex._max_target, 1) >= 2**31:
+            mem.memset32(ex._dev_buf["counters"].ptr, 0, ex._counter_capacity, self._h)
+            params["epoch"] = np.arange(n)
+        return params
+
+    def _prepare_separate(self) -> None:
+        if self._op_kernel is not None:
+            return
+        ex = self.ex
+        drv = _bindings()
+        code = ex._variant(trace=False)[1]
+        kernel = code.get_kernel("megak_op")
+        handle = kernel.handle
+        if not isinstance(handle, drv.CUkernel):
+            handle = drv.CUkernel(int(handle))
+        most = max((r[3] for r in self._op_ranges), default=0)
+        check(drv.cuKernelSetAttribute(
+            drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            pages.smem_bytes(most), handle, ex._cu_dev), "cuKernelSetAttribute(megak_op)")
+        self._op_kernel = kernel
+        # the regrouped records, and params pointing at them (no counters, epoch unused)
+        data = abi.encode(self._op_instrs)
+        self._op_dev = self._memory.device(max(len(data), 1), "separate: instrs")
+        host = self._memory.pinned(max(len(data), 1) + abi.PARAMS_DTYPE.itemsize,
+                                   "separate (host)")
+        host.array(np.uint8, (len(data),))[:] = np.frombuffer(data, np.uint8)
+        p = ex._params_host[0].copy()
+        p["instrs"] = self._op_dev.ptr
+        p["trace"] = 0
+        pbuf = host.array(np.uint8, (len(data) + abi.PARAMS_DTYPE.itemsize,))[len(data):]
+        pbuf[:] = np.frombuffer(p.tobytes(), np.uint8)
+        self._op_params = self._memory.device(abi.PARAMS_DTYPE.itemsize, "separate: params")
+        mem.htod(self._op_dev.ptr, host.ptr, len(data), self._h)
+        mem.htod(self._op_params.ptr, host.ptr + len(data), abi.PARAMS_DTYPE.itemsize, self._h)
+        mem.memset32(ex._dev_buf["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
+        self._sync()
+        self._memory.free(host)
+        from cuda.core import LaunchConfig
+        self._op_configs = [LaunchConfig(grid=count, block=abi.THREADS,
+                                         shmem_size=pages.smem_bytes(need))
+                            for _, _, count, need in self._op_ranges]
+
+    def _launch_ops(self, i=None) -> None:
+        from cuda.core import launch
+        for (op, first, count, need), cfg in zip(self._op_ranges, self._op_configs):
+            launch(self._stream, cfg, self._op_kernel, self._op_params.ptr, np.uint32(first))
+
+    def _capture_graph(self):
+        if self._graph_exec is not None:
+            return self._graph_exec
+        drv = _bindings()
+        mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        check(drv.cuStreamBeginCapture(self._h, mode), "cuStreamBeginCapture")
+        try:
+            self._launch_ops()
+        finally:
+            graph = check(drv.cuStreamEndCapture(self._h), "cuStreamEndCapture")
+        self._graph = graph
+        self._graph_exec = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        return self._graph_exec
+
+    def _time(self, one, n: int, warmup: int, flush_l2: bool) -> np.ndarray:
+        drv = _bindings()
+        flags = drv.CUevent_flags.CU_EVENT_DEFAULT
+        starts = [check(drv.cuEventCreate(flags), "cuEventCreate") for _ in range(n)]
+        ends = [check(drv.cuEventCreate(flags), "cuEventCreate") for _ in range(n)]
+        try:
+            for i in range(n):
+                if flush_l2:
+                    mem.memset32(self._flush.ptr, i, L2_FLUSH_BYTES // 4, self._h)
+                check(drv.cuEventRecord(starts[i], self._h), "cuEventRecord")
+                one(i)
+                check(drv.cuEventRecord(ends[i], self._h), "cuEventRecord")
+            self._sync()
+            ms = [check(drv.cuEventElapsedTime(starts[i], ends[i]), "cuEventElapsedTime")
+                  for i in range(warmup, n)]
+        finally:
+            for e in starts + ends:
+                drv.cuEventDestroy(e)
+        return np.asarray(ms, dtype=np.float64) * 1e3
+
+    def _sync(self) -> None:
+        check(_bindings().cuStreamSynchronize(self._h), "cuStreamSynchronize")
+
+    def _check_status(self, expect_blocks: int | None) -> None:
+        ex = self.ex
+        st = np.zeros(1, dtype=abi.STATUS_DTYPE)
+        host = self._memory.pinned(st.nbytes, "bench status")
+        try:
+            mem.dtoh(host.ptr, ex._dev_buf["status"].ptr, st.nbytes, self._h)
+            self._sync()
+            st[:] = host.array(abi.STATUS_DTYPE, (1,))
+        finally:
+            self._memory.free(host)
+        if int(st[0]["error"]) != 0:
+            ex._zero_counters = True
+            raise MegakernelError(f"benchmark launches failed: status {st[0]}")
+        if expect_blocks is not None and int(st[0]["finished_blocks"]) != expect_blocks:
+            ex._zero_counters = True
+            raise MegakernelError(f"benchmark launches: {int(st[0]['finished_blocks'])} blocks "
+                                  f"finished, expected {expect_blocks}")
+
+    def close(self) -> None:
+        drv = _bindings()
+        if self._graph_exec is not None:
+            drv.cuGraphExecDestroy(self._graph_exec)
+            drv.cuGraphDestroy(self._graph)
+            self._graph_exec = None
+        for name in ("_flush", "_op_dev", "_op_params"):
+            buf = getattr(self, name, None)
+            if buf is not None:
+                self._memory.free(buf)
+                setattr(self, name, None)

@@ -1,0 +1,522 @@
+"""The CUDA runtime: detection, device facts, refusals before launch, hang detection and
+recovery, replays, managed memory. Everything but the detection and pure-logic tests needs a
+GPU (marked `gpu`; the rootdir conftest skips them elsewhere)."""
+import time
+
+import numpy as np
+import pytest
+
+import megak
+from megak import abi, pages
+from megak.errors import GraphError, MegakernelError, MegakernelHang
+from megak.plan import Plan, TensorSlot
+from megak.runtime.executor import counter_max_target, next_epoch
+from tests.reference import assert_close, evaluate, random_inputs
+
+NOP = abi.OP_NOP
+
+
+def nop_plan(queues, n_counters, *, n_pages=1, tensor_shape=(4, 4)):
+    """A hand-built plan of NOP instructions: ``queues[s]`` lists (waits, signals) per
+    instruction of SM s, waits as (counter, target) pairs. One small input tensor, so the
+    tensor table is never empty."""
+    recs, starts = [], [0]
+    op = 0
+    labels = []
+    for s, queue in enumerate(queues):
+        for waits, signals in queue:
+            r = abi.empty_instrs(1)
+            r["opcode"] = NOP
+            r["op_index"] = op
+            r["n_waits"] = len(waits)
+            r["n_signals"] = len(signals)
+            for k, (c, t) in enumerate(waits):
+                r["wait_counter"][0, k] = c
+                r["wait_target"][0, k] = t
+            for k, c in enumerate(signals):
+                r["signal_counter"][0, k] = c
+            recs.append(r)
+            labels.append(f"nop #{op} (SM {s} test instruction)")
+            op += 1
+        starts.append(len(recs))
+    instrs = np.concatenate(recs) if recs else abi.empty_instrs(0)
+    targets = np.zeros(n_counters, dtype=np.uint32)
+    for r in instrs:
+        for k in range(int(r["n_signals"])):
+            targets[int(r["signal_counter"][k])] += 1
+    rows, cols = tensor_shape
+    return Plan(instrs=instrs, queue_start=np.array(starts, dtype=np.uint32),
+                tensors=[TensorSlot(0, "x", rows, cols, "float32", "input")],
+                n_counters=n_counters, n_sm=len(queues), n_pages=n_pages, op_labels=labels,
+                inputs={"x": 0}, outputs={"x": 0},
+                input_shapes={"x": ((rows, cols), "float32")},
+                output_shapes={"x": (rows, cols)}, counter_targets=targets)
+
+
+def handoff_plan():
+    """SM 1 signals counter 0 once; SM 0 waits for it."""
+    return nop_plan([[([(0, 1)], [])], [([], [0])]], n_counters=1)
+
+
+# -- no GPU needed -----------------------------------------------------------------------------
+
+def test_gpu_detection_is_a_fast_bool():
+    from megak.runtime import driver
+    driver._detect.cache_clear()
+    t0 = time.perf_counter()
+    usable = driver.gpu_usable()
+    first = time.perf_counter() - t0
+    assert isinstance(usable, bool)
+    if not usable:  # with a driver, cuInit alone may take a while: only bound the no-GPU path
+        assert first < 1.0, f"gpu_usable() took {first:.3f} s without a GPU"
+        assert driver.gpu_unusable_reason()
+    t0 = time.perf_counter()
+    assert driver.gpu_usable() is usable
+    assert time.perf_counter() - t0 < 0.01  # cached
+
+
+def test_next_epoch_resets_before_counters_could_wrap():
+    assert next_epoch(0, 1) == (1, False)
+    assert next_epoch(0, 0) == (1, False)
+    # run e waits for (e + 1) * t: e_last is the last epoch whose targets stay <= 2**31
+    t = 1000
+    e_last = 2 ** 31 // t - 1
+    assert next_epoch(e_last - 1, t) == (e_last, False)
+    assert next_epoch(e_last, t) == (0, True)
+    assert next_epoch(2 ** 30, 2) == (0, True)
+
+
+def test_counter_max_target_counts_signals_without_targets():
+    plan = nop_plan([[([], [0, 1])], [([], [0])], [([(0, 2), (1, 1)], [])]], n_counters=2)
+    assert counter_max_target(plan) == 2
+    plan.counter_targets = None
+    assert counter_max_target(plan) == 2
+
+
+# -- GPU ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def info():
+    from megak.runtime.driver import device_info
+    return device_info()
+
+
+@pytest.mark.gpu
+def test_device_info(info):
+    assert isinstance(info["name"], str) and info["name"]
+    assert info["sm_count"] > 0
+    major, minor = info["compute_capability"]
+    assert info["arch"].startswith(f"sm_{major}{minor}")
+    if (major, minor) == (9, 0):
+        assert info["arch"] == "sm_90a"
+        assert info["smem_optin"] == pages.HOPPER_OPTIN_SMEM
+        assert info["smem_reserved"] == 1024
+    assert info["smem_optin"] >= info["smem_per_block"] > 0
+    assert 0 < info["free_mem"] <= info["total_mem"]
+    assert info["driver_version"] >= 12000
+    assert info["cooperative_launch"] is True
+
+
+@pytest.mark.gpu
+def test_too_much_shared_memory_is_refused_before_launch(info):
+    from megak.runtime.executor import CudaExecutor
+    with pytest.raises(MegakernelError, match="opt-in"):
+        CudaExecutor(handoff_plan(), smem_bytes=info["smem_optin"] + 1024)
+    too_many = pages.pages_for(info["smem_optin"]) + 1
+    plan = handoff_plan()
+    plan.n_pages = too_many
+    with pytest.raises(MegakernelError, match="opt-in"):
+        CudaExecutor(plan)
+
+
+@pytest.mark.gpu
+def test_more_sms_than_the_device_is_refused(info):
+    from megak.runtime.executor import CudaExecutor
+    plan = nop_plan([[]] * (info["sm_count"] + 1), n_counters=0)
+    with pytest.raises(MegakernelError, match="SMs"):
+        CudaExecutor(plan)
+
+
+@pytest.mark.gpu
+def test_managed_memory_above_free_is_refused(info):
+    from megak.runtime.driver import mem_info
+    from megak.runtime.executor import CudaExecutor
+    from megak.runtime.memory import Memory
+    m = Memory(0)
+    try:
+        free, _ = mem_info()
+        with pytest.raises(MegakernelError, match=r"asked for .* free"):
+            m.managed(free + (1 << 30), "too big")
+        assert m.n_live == 0
+    finally:
+        m.close()
+    side = 1 << 18  # one 2^18 x 2^18 fp32 tensor: 256 GiB, more than any current GPU has
+    plan = nop_plan([[]], n_counters=0, tensor_shape=(side, side))
+    with pytest.raises(MegakernelError, match=r"managed memory, the device has .* free"):
+        CudaExecutor(plan, managed=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("managed", [False, True], ids=["device", "managed"])
+def test_handoff_replays_and_round_trips(rng, managed):
+    from megak.runtime.executor import CudaExecutor
+    with CudaExecutor(handoff_plan(), managed=managed, debug=True) as ex:
+        for run in range(5):
+            x = rng.standard_normal((4, 4)).astype(np.float32)
+            out = ex.run({0: x}, [0])
+            assert out[0].dtype == np.float32 and out[0].shape == (4, 4)
+            np.testing.assert_array_equal(out[0], x)  # an input read back is bit-exact
+            assert ex.epoch == run + 1                 # no counter reset between good runs
+            assert ex.last_status["finished_blocks"] == 2
+        with pytest.raises(GraphError):
+            ex.run({0: np.zeros((4, 5), dtype=np.float32)}, [0])
+    assert ex.closed
+    with pytest.raises(MegakernelError, match="closed"):
+        ex.run({}, [0])
+
+
+@pytest.mark.gpu
+def test_nop_hang_is_detected_and_the_gpu_recovers():
+    from megak.runtime.executor import CudaExecutor
+    plan = handoff_plan()
+    timeout = 1.0
+    with CudaExecutor(plan, timeout_s=timeout) as ex:
+        ex.run({}, [])
+        plan.instrs["wait_target"][0, 0] = 2       # one more signal than anyone sends
+        ex.reload_queues()
+        t0 = time.monotonic()
+        with pytest.raises(MegakernelHang) as err:
+            ex.run({}, [])
+        elapsed = time.monotonic() - t0
+        assert elapsed < timeout + 1.0 + 0.5, f"hang reported after {elapsed:.2f} s"
+        msg = str(err.value)
+        assert "SM 0" in msg and "nop #0" in msg and "counter 0" in msg, msg
+        assert err.value.record["error"] == abi.ERRORS["MK_ERR_TIMEOUT"]
+        assert ex.epoch == 0
+        plan.instrs["wait_target"][0, 0] = 1
+        ex.reload_queues()
+        for run in range(3):
+            ex.run({}, [])
+            assert ex.epoch == run + 1
+
+
+def _mixed_graph(m=130, k=72, n=66):
+    # odd sizes: partial tiles, and leading dims padded to MK_TENSOR_ALIGN_ELEMS
+    g = megak.Graph()
+    a = g.input("a", (m, k), "float32")
+    b = g.input("b", (k, n), "float32")
+    c = g.gemm(a, b)
+    t = g.transpose(c)
+    y = g.copy(t)
+    g.output(y, "y")
+    g.output(c, "c")
+    return g
+
+
+def _check(prog, g, rng):
+    inputs = random_inputs(g, rng)
+    out = prog.run(**inputs)
+    env = evaluate(g, inputs)
+    for name, t in g.outputs.items():
+        value, bound = env[t.index]
+        assert_close(out[name], value, bound, f"output {name!r}")
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("managed", [False, True], ids=["device", "managed"])
+def test_mixed_graph_matches_float64(rng, managed):
+    g = _mixed_graph()
+    prog = megak.compile(g, backend="cuda", managed=managed, debug=True)
+    try:
+        for _ in range(3):  # replays: epoch-offset waits, no counter reset
+            _check(prog, g, rng)
+    finally:
+        prog.close()
+
+
+@pytest.mark.gpu
+def test_planted_hang_in_a_real_graph_then_recovery(rng):
+    g = _mixed_graph()
+    prog = megak.compile(g, backend="cuda", debug=True)
+    try:
+        ex, plan = prog._executor, prog.plan
+        timeout = 1.0
+        ex.timeout_s = timeout
+        _check(prog, g, rng)
+        waiting = np.nonzero(plan.instrs["n_waits"] > 0)[0]
+        assert len(waiting), "the graph should have cross-op dependencies"
+        i = int(waiting[0])
+        original = plan.instrs.copy()
+        # a target one above the signals a counter gets per run is never reached
+        plan.instrs["wait_target"][i, 0] += 1
+        ex.reload_queues()
+        t0 = time.monotonic()
+        with pytest.raises(MegakernelHang) as err:
+            prog.run(**random_inputs(g, rng))
+        elapsed = time.monotonic() - t0
+        assert elapsed < timeout + 1.0 + 0.5, f"hang reported after {elapsed:.2f} s"
+        rec = err.value.record
+        assert rec["error"] == abi.ERRORS["MK_ERR_TIMEOUT"]
+        assert rec["sm"] < plan.n_sm
+        msg = str(err.value)
+        assert msg.startswith(f"cuda: MK_ERR_TIMEOUT on SM {rec['sm']}"), msg
+        assert plan.op_labels[rec["op_index"]] in msg, msg
+        plan.instrs[:] = original
+        ex.reload_queues()
+        for _ in range(2):
+            _check(prog, g, rng)
+    finally:
+        prog.close()
+
+
+@pytest.mark.gpu
+def test_close_frees_everything():
+    from megak.runtime.executor import CudaExecutor
+    ex = CudaExecutor(handoff_plan())
+    memory = ex._memory
+    ex.run({0: np.ones((4, 4), dtype=np.float32)}, [0])
+    assert memory.n_live > 0
+    ex.close()
+    assert memory.n_live == 0 and memory.closed
+    ex.close()  # idempotent
+
+
+# -- the executor's host logic against a fake driver (no GPU) -----------------------------------
+#
+# "Device memory" is host memory here and the "kernel" runs NOP queues with the epoch rule of
+# instr.h on the CPU. This checks staging, padding, epochs, status decoding, the watchdog and
+# freeing; it says nothing about the real driver or the device code (the gpu tests do that).
+
+class _FakeGpu:
+    def __init__(self, real):
+        import types
+        self.real = real
+        R = real.CUresult
+        self.ok = (R.CUDA_SUCCESS,)
+        self.mem = {}               # aligned address -> backing ctypes buffer
+        self.free_bytes = 100 << 30
+        self.query = lambda: self.ok
+        self.kernel = self.nop_kernel
+        fake = self
+
+        class Drv:
+            def __getattr__(self, name):  # enums, types, flags: the real ones
+                return getattr(real, name)
+
+            def cuDeviceGet(self, o): return (R.CUDA_SUCCESS, real.CUdevice(o))
+            def cuDevicePrimaryCtxRetain(self, d): return (R.CUDA_SUCCESS, real.CUcontext(1))
+            def cuDevicePrimaryCtxRelease(self, d): return fake.ok
+            def cuCtxGetCurrent(self): return (R.CUDA_SUCCESS, real.CUcontext(1))
+            def cuCtxPushCurrent(self, c): return fake.ok
+            def cuCtxPopCurrent(self): return (R.CUDA_SUCCESS, real.CUcontext(1))
+            def cuDeviceGetAttribute(self, a, d): return (R.CUDA_SUCCESS, 1)
+            def cuDeviceTotalMem(self, d): return (R.CUDA_SUCCESS, 141 << 30)
+            def cuMemGetInfo(self): return (R.CUDA_SUCCESS, fake.free_bytes, 141 << 30)
+            def cuDriverGetVersion(self): return (R.CUDA_SUCCESS, 13000)
+            def cuMemAlloc(self, n): return (R.CUDA_SUCCESS, real.CUdeviceptr(fake.alloc(n)))
+            def cuMemAllocManaged(self, n, f):
+                return (R.CUDA_SUCCESS, real.CUdeviceptr(fake.alloc(n)))
+            def cuMemHostAlloc(self, n, f): return (R.CUDA_SUCCESS, fake.alloc(n))
+            def cuMemFree(self, p): del fake.mem[int(p)]; return fake.ok
+            def cuMemFreeHost(self, p): del fake.mem[int(p)]; return fake.ok
+            def cuMemcpyHtoDAsync(self, d, s, n, h): fake.move(d, s, n); return fake.ok
+            def cuMemcpyDtoHAsync(self, d, s, n, h): fake.move(d, s, n); return fake.ok
+            def cuMemsetD32Async(self, d, v, n, h):
+                fake.view(int(d), np.uint32, n)[:] = v
+                return fake.ok
+            def cuMemPrefetchAsync(self, p, n, loc, flags, h): return fake.ok
+            def cuStreamQuery(self, h): return fake.query()
+            def cuKernelGetAttribute(self, a, k, d):
+                values = {"CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": abi.THREADS,
+                          "CU_FUNC_ATTRIBUTE_NUM_REGS": 128}
+                return (R.CUDA_SUCCESS, values.get(a.name, 0))
+            def cuKernelSetAttribute(self, a, v, k, d): return fake.ok
+            def cuKernelGetFunction(self, k): return (R.CUDA_SUCCESS, real.CUfunction(0))
+            def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, f, t, s):
+                return (R.CUDA_SUCCESS, 1)
+
+        self.drv = Drv()
+        props = types.SimpleNamespace(
+            multiprocessor_count=132, max_shared_memory_per_block_optin=pages.HOPPER_OPTIN_SMEM,
+            max_shared_memory_per_block=49152, reserved_shared_memory_per_block=1024,
+            max_shared_memory_per_multiprocessor=233472, cooperative_launch=True,
+            concurrent_managed_access=True, unified_addressing=True)
+
+        class Device:
+            def __init__(self, ordinal=0):
+                self.name, self.compute_capability, self.properties = "Fake H200", (9, 0), props
+            def set_current(self): pass
+            def create_stream(self):
+                return types.SimpleNamespace(handle=real.CUstream(0), close=lambda: None)
+
+        class LaunchConfig:
+            def __init__(self, grid, block, shmem_size, is_cooperative):
+                assert is_cooperative and block == abi.THREADS
+                self.grid = grid
+
+        def launch(stream, config, kernel, arg):
+            assert isinstance(arg, int)  # the params pointer, passed as a pointer
+            fake.kernel(arg)
+
+        self.core = types.SimpleNamespace(
+            Device=Device, LaunchConfig=LaunchConfig, launch=launch,
+            ObjectCode=types.SimpleNamespace(from_cubin=lambda cubin: types.SimpleNamespace(
+                get_kernel=lambda name: types.SimpleNamespace(handle=real.CUkernel(0)))))
+        self.compiler = types.SimpleNamespace(
+            compile_megakernel=lambda arch, defines=None: types.SimpleNamespace(
+                cubin=b"", arch=arch, defines=defines))
+
+    def alloc(self, n):
+        import ctypes
+        buf = ctypes.create_string_buffer(n + 256)
+        ptr = -(-ctypes.addressof(buf) // 256) * 256
+        self.mem[ptr] = buf
+        return ptr
+
+    def move(self, dst, src, n):
+        import ctypes
+        ctypes.memmove(int(dst), int(src), n)
+
+    def view(self, ptr, dtype, n):
+        from megak.runtime.memory import host_array
+        return host_array(ptr, dtype, (n,))
+
+    def nop_kernel(self, params_ptr):
+        p = self.view(params_ptr, abi.PARAMS_DTYPE, 1)[0]
+        n_sm = int(p["n_sm"])
+        qs = self.view(int(p["queue_start"]), np.uint32, n_sm + 1)
+        ins = self.view(int(p["instrs"]), abi.INSTR_DTYPE, int(qs[-1]))
+        ctr = self.view(int(p["counters"]), np.uint32, max(int(p["n_counters"]), 1))
+        st = self.view(int(p["status"]), abi.STATUS_DTYPE, 1)[0]
+        for t in self.view(int(p["tensors"]), abi.TENSOR_DTYPE, int(p["n_tensors"])):
+            assert t["ptr"] % 256 == 0 and t["ld"] % abi.TENSOR_ALIGN_ELEMS == 0
+            assert t["ld"] >= t["cols"]
+        epoch = int(p["epoch"])
+        for r in ins:  # every signal first, then every wait: NOP queues, no ordering
+            for k in range(int(r["n_signals"])):
+                ctr[int(r["signal_counter"][k])] += 1
+        for s in range(n_sm):
+            for qi in range(int(qs[s]), int(qs[s + 1])):
+                r = ins[qi]
+                for k in range(int(r["n_waits"])):
+                    c, t = int(r["wait_counter"][k]), int(r["wait_target"][k])
+                    need = ((epoch + 1) * t) & 0xFFFFFFFF
+                    if np.uint32(int(ctr[c]) - need & 0xFFFFFFFF).view(np.int32) < 0:
+                        for key, v in (("abort", 1), ("error", abi.ERRORS["MK_ERR_TIMEOUT"]),
+                                       ("sm", s), ("queue_index", qi - int(qs[s])),
+                                       ("op_index", r["op_index"]), ("counter", c),
+                                       ("expected", need), ("observed", ctr[c])):
+                            st[key] = v
+                        return
+        st["finished_blocks"] = n_sm
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    import gc
+    import sys
+
+    from cuda.bindings import driver as real
+
+    from megak.runtime import driver, executor, memory
+    gc.collect()  # real executors left by earlier tests are finalized with the real driver
+    fake = _FakeGpu(real)
+    monkeypatch.setattr(driver, "_detect", lambda: (True, "fake"))
+    for module in (driver, memory, executor):
+        monkeypatch.setattr(module, "_bindings", lambda: fake.drv)
+    monkeypatch.setitem(sys.modules, "cuda.core", fake.core)
+    monkeypatch.setitem(sys.modules, "megak.runtime.compiler", fake.compiler)
+    yield fake
+    assert not fake.mem, f"{len(fake.mem)} fake allocations never freed"
+
+
+@pytest.mark.parametrize("managed", [False, True], ids=["device", "managed"])
+def test_fake_round_trip_padding_and_epochs(fake_gpu, rng, managed):
+    from megak.runtime.executor import CudaExecutor
+    plan = nop_plan([[([(0, 1)], [])], [([], [0])]], n_counters=1, tensor_shape=(5, 7))
+    with CudaExecutor(plan, managed=managed, debug=True) as ex:
+        assert ex._tensors[0].ld == 8
+        for run in range(3):
+            x = rng.standard_normal((5, 7)).astype(np.float32)
+            out = ex.run({0: x}, [0])
+            np.testing.assert_array_equal(out[0], x)
+            assert ex.epoch == run + 1
+        with pytest.raises(GraphError, match="takes a"):
+            ex.run({0: x.astype(np.float64)}, [0])
+        assert ex.last_trace_events is None
+        np.testing.assert_array_equal(ex.run({0: x}, [0], trace=True)[0], x)
+        ev = ex.last_trace_events
+        assert ev.dtype == abi.TRACE_DTYPE and len(ev) == len(plan.instrs)
+        assert set(ex._variants) == {False, True}
+        ex.run({0: x}, [0])
+        assert ex.last_trace_events is None
+
+
+def test_fake_hang_is_decoded_and_counters_restart(fake_gpu):
+    from megak.runtime.executor import CudaExecutor
+    plan = handoff_plan()
+    with CudaExecutor(plan) as ex:
+        ex.run({}, [])
+        ex.run({}, [])
+        plan.instrs["wait_target"][0, 0] = 2
+        ex.reload_queues()
+        with pytest.raises(MegakernelHang, match="MK_ERR_TIMEOUT on SM 0.*nop #0.*counter 0"):
+            ex.run({}, [])
+        assert ex.epoch == 0
+        plan.instrs["wait_target"][0, 0] = 1
+        ex.reload_queues()
+        for run in range(2):
+            ex.run({}, [])
+            assert ex.epoch == run + 1
+
+
+def test_fake_refusals_allocate_nothing(fake_gpu):
+    from megak.runtime.executor import CudaExecutor
+    with pytest.raises(MegakernelError, match="opt-in"):
+        CudaExecutor(handoff_plan(), smem_bytes=pages.HOPPER_OPTIN_SMEM + 1)
+    with pytest.raises(MegakernelError, match="132 SMs"):
+        CudaExecutor(nop_plan([[]] * 133, n_counters=0))
+    fake_gpu.free_bytes = 1 << 30
+    with pytest.raises(MegakernelError, match="managed memory, the device has"):
+        CudaExecutor(nop_plan([[]], 0, tensor_shape=(1 << 14, 1 << 14)), managed=True)
+    assert not fake_gpu.mem
+
+
+def test_fake_watchdog_aborts_a_kernel_that_ignores_its_deadlines(fake_gpu, monkeypatch):
+    from megak.runtime.executor import CudaExecutor
+    from megak.runtime import executor
+    monkeypatch.setattr(executor, "_ABORT_GRACE_S", 0.1)
+    ex = CudaExecutor(handoff_plan(), timeout_s=0.05, host_timeout_s=0.2)
+    status = fake_gpu.view(ex._dev_buf["status"].ptr, abi.STATUS_DTYPE, 1)
+    R = fake_gpu.real.CUresult
+    fake_gpu.kernel = lambda params: None  # "runs" until the abort flag is raised
+    fake_gpu.query = lambda: (R.CUDA_SUCCESS,) if status[0]["abort"] else \
+        (R.CUDA_ERROR_NOT_READY,)
+    with pytest.raises(MegakernelHang, match="host watchdog"):
+        ex.run({}, [])
+    fake_gpu.kernel, fake_gpu.query = fake_gpu.nop_kernel, lambda: fake_gpu.ok
+    ex.run({}, [])  # usable again
+    # a device that ignores the abort flag too: the executor refuses further work and leaks
+    # its buffers on purpose (freeing under a running kernel would block forever)
+    fake_gpu.query = lambda: (R.CUDA_ERROR_NOT_READY,)
+    with pytest.raises(MegakernelHang, match="stuck"):
+        ex.run({}, [])
+    with pytest.raises(MegakernelError, match="unusable"):
+        ex.run({}, [])
+    ex.close()
+    assert fake_gpu.mem
+    fake_gpu.mem.clear()
+
+
+def test_fake_sticky_error_is_raised_with_its_name(fake_gpu):
+    from megak.runtime.executor import CudaExecutor
+    R = fake_gpu.real.CUresult
+    ex = CudaExecutor(handoff_plan())
+    fake_gpu.query = lambda: (R.CUDA_ERROR_ILLEGAL_ADDRESS,)
+    with pytest.raises(MegakernelError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*restart"):
+        ex.run({}, [])
+    with pytest.raises(MegakernelError, match="unusable"):
+        ex.run({}, [])
+    fake_gpu.query = lambda: fake_gpu.ok
+    ex.close()

@@ -1,0 +1,136 @@
+"""The megakernel compiles (NVRTC, no GPU needed): an sm_90a cubin, no register spills, the
+host/device layout agrees, the disk cache works, and compile errors carry the NVRTC log.
+
+Run with ``-s`` to see the kernel's resource usage. One real compile per distinct source.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from megak import abi
+
+compiler = pytest.importorskip("megak.runtime.compiler")
+pytest.importorskip("cuda.core")
+
+ARCH = "sm_90a"
+MAX_REGISTERS = 255   # 256 threads, __launch_bounds__(256, 1): the hardware ceiling
+
+
+def _resources(k) -> str:
+    return (f"{k.arch}: {k.registers} registers/thread, {k.spill_bytes} B spilled, "
+            f"static smem {k.static_smem} B, cubin {len(k.cubin):,} B")
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("megak-cache")
+
+
+@pytest.fixture(scope="module")
+def kernel(cache_dir):
+    return compiler.compile_megakernel(ARCH, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def trace_kernel(cache_dir):
+    return compiler.compile_megakernel(ARCH, defines={"MK_TRACE": 1}, cache_dir=cache_dir)
+
+
+def test_device_source_inlines_every_header():
+    src = compiler.device_source()
+    assert not re.search(r'^\s*#\s*include\s*"', src, re.M), "a local include was left"
+    for path in sorted(compiler.DEVICE_DIR.rglob("*.cuh")) + [compiler.DEVICE_DIR / "instr.h"]:
+        body = path.read_text()
+        first_decl = next(line for line in body.splitlines() if line.startswith("#ifndef"))
+        assert first_decl in src, f"{path.name} is not in the device source"
+
+
+@pytest.mark.parametrize("variant", ["kernel", "trace_kernel"])
+def test_megakernel_compiles_without_spills(variant, request):
+    k = request.getfixturevalue(variant)
+    print(f"\nmegakernel ({variant}): {_resources(k)}")
+    assert k.cubin[:4] == b"\x7fELF", "not a cubin"
+    assert b"megakernel" in k.cubin
+    assert k.arch == ARCH
+    assert k.registers is not None, f"no ptxas resource line for 'megakernel' in:\n{k.log}"
+    assert k.spill_bytes == 0, f"register spills: {_resources(k)}\n{k.log}"
+    assert k.registers <= MAX_REGISTERS, _resources(k)
+    assert k.static_smem == 0, f"static shared memory eats into the pages: {_resources(k)}"
+
+
+def test_layout_asserts_compile(cache_dir):
+    """cffi's view of instr.h (sizes, offsets, enum values) holds in NVRTC's view too."""
+    src = compiler.resolve_includes(abi.layout_asserts(), compiler.DEVICE_DIR)
+    src += 'extern "C" __global__ void layout_probe() {}\n'
+    try:
+        k = compiler.compile_source(src, ARCH, cache_dir=cache_dir, entry="layout_probe",
+                                    name="layout_asserts.cu")
+    except compiler.CompileError as exc:
+        if "__builtin_offsetof" in exc.log and "static assertion" not in exc.log:
+            pytest.skip(f"this NVRTC does not know __builtin_offsetof: {exc.log[:300]}")
+        raise
+    assert k.cubin[:4] == b"\x7fELF"
+
+
+def test_cache_round_trip(kernel, cache_dir):
+    again = compiler.compile_megakernel(ARCH, cache_dir=cache_dir)
+    assert again.from_cache and again.cache_key == kernel.cache_key
+    assert again.cubin == kernel.cubin
+    assert again.log == kernel.log
+    assert (again.registers, again.spill_bytes, again.static_smem) == \
+        (kernel.registers, kernel.spill_bytes, kernel.static_smem)
+    files = sorted(p.name for p in cache_dir.iterdir() if p.name.startswith(kernel.cache_key))
+    assert files == [f"{kernel.cache_key}.cubin", f"{kernel.cache_key}.log"]
+    assert not list(cache_dir.glob("*.tmp")), "a temporary file was left behind"
+
+
+def test_cache_key_covers_defines_arch_and_source(kernel, trace_kernel):
+    src = compiler.device_source()
+    assert compiler.cache_key(src, ARCH) == kernel.cache_key
+    assert trace_kernel.cache_key != kernel.cache_key
+    assert compiler.cache_key(src, ARCH, {"MK_TRACE": 2}) != trace_kernel.cache_key
+    assert compiler.cache_key(src, "sm_100a") != kernel.cache_key
+    assert compiler.cache_key(src + "\n", ARCH) != kernel.cache_key
+    assert trace_kernel.cubin != kernel.cubin
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEGAK_CACHE_DIR", str(tmp_path / "a"))
+    assert compiler.default_cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("MEGAK_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compiler.default_cache_dir() == tmp_path / "xdg" / "megak"
+
+
+def test_compile_error_carries_the_log(tmp_path):
+    src = 'extern "C" __global__ void megakernel(float* p) { p[0] = planted_error_here; }\n'
+    with pytest.raises(compiler.CompileError) as info:
+        compiler.compile_source(src, ARCH, cache_dir=tmp_path)
+    assert "planted_error_here" in str(info.value)
+    assert "planted_error_here" in info.value.log
+    assert not any(tmp_path.iterdir()), "a failed compile must not be cached"
+
+
+def test_only_cubins():
+    with pytest.raises(ValueError, match="cubin"):
+        compiler.compile_source("", "compute_90a")
+
+
+def test_parse_ptxas_log():
+    log = ("ptxas info    : Compiling entry function 'other' for 'sm_90a'\n"
+           "ptxas info    : Function properties for other\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 16 bytes smem\n"
+           "ptxas info    : Compiling entry function 'megakernel' for 'sm_90a'\n"
+           "ptxas info    : Function properties for megakernel\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 1 barriers\n")
+    info = compiler.parse_ptxas_log(log)
+    assert (info["registers"], info["spill_stores"], info["spill_loads"], info["static_smem"]) \
+        == (168, 0, 0, 0)
+    other = compiler.parse_ptxas_log(log, "other")
+    assert (other["registers"], other["spill_stores"] + other["spill_loads"],
+            other["static_smem"]) == (40, 8, 16)
+    assert compiler.parse_ptxas_log(log, "absent")["registers"] is None
