@@ -41,6 +41,7 @@ DTYPES = _enum("mk_dtype")
 OPERANDS = _enum("mk_operand")
 OP_SHAPES = _enum("mk_op_shapes")
 TRACE_PHASES = _enum("mk_trace_phase")
+ACTIVATIONS = _enum("mk_activation")
 
 INSTR_BYTES = LIMITS["MK_INSTR_BYTES"]
 MAX_WAITS = LIMITS["MK_MAX_WAITS"]
@@ -51,7 +52,7 @@ MAX_PAGES = LIMITS["MK_MAX_PAGES"]
 CONTROL_BYTES = LIMITS["MK_CONTROL_BYTES"]
 PAGE_ALIGN = LIMITS["MK_PAGE_ALIGN"]
 THREADS = LIMITS["MK_THREADS"]
-TENSOR_ALIGN_ELEMS = LIMITS["MK_TENSOR_ALIGN_ELEMS"]
+TENSOR_ALIGN_BYTES = LIMITS["MK_TENSOR_ALIGN_BYTES"]
 
 OP_NOP = OPCODES["MK_OP_NOP"]
 OP_COPY = OPCODES["MK_OP_COPY"]
@@ -65,6 +66,12 @@ ARG_B = OPERANDS["MK_ARG_B"]
 ARG_OUT = OPERANDS["MK_ARG_OUT"]
 
 FLAG_DEBUG_LEAK_PAGE = FLAGS["MK_FLAG_DEBUG_LEAK_PAGE"]
+FLAG_BIAS = FLAGS["MK_FLAG_BIAS"]
+FLAG_RESIDUAL = FLAGS["MK_FLAG_RESIDUAL"]
+FLAG_ACT_SHIFT = FLAGS["MK_FLAG_ACT_SHIFT"]
+FLAG_ACT_MASK = FLAGS["MK_FLAG_ACT_MASK"]
+ARG_BIAS = OPERANDS["MK_ARG_BIAS"]
+ARG_RESIDUAL = OPERANDS["MK_ARG_RESIDUAL"]
 
 _NUMPY_SCALARS = {
     "unsigned short": np.uint16,
@@ -151,7 +158,7 @@ def layout_asserts() -> str:
         for name, field in t.fields:
             lines.append(f"static_assert(__builtin_offsetof({ctype}, {name}) == {field.offset},"
                          f' "{ctype}.{name}");')
-    for enum in ("mk_limits", "mk_op_shapes", "mk_trace_phase", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
+    for enum in ("mk_limits", "mk_op_shapes", "mk_trace_phase", "mk_activation", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
         for name, value in _enum(enum).items():
             lines.append(f'static_assert({name} == {value}, "{name}");')
     return "\n".join(lines) + "\n"

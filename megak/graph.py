@@ -3,28 +3,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dtypes import name_of
 from .errors import GraphError
 
-SUPPORTED_DTYPES = ("float32",)
+from .dtypes import SUPPORTED as SUPPORTED_DTYPES
+
+ACTIVATIONS = (None, "relu", "gelu", "silu")
 
 
 @dataclass(frozen=True, eq=False)
 class Tensor:
-    """A handle to a 2-D tensor of one graph: a graph input or the result of an op."""
+    """A handle to a tensor of one graph: a graph input or the result of an op.
+
+    Tensors are 2-D, or 1-D (n,) for vectors such as a GEMM bias, held as one row (1, n)."""
     graph: "Graph" = field(repr=False)
     index: int
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     dtype: str
     producer: int | None  # op index, None for graph inputs
     name: str | None = None
 
     @property
     def rows(self) -> int:
-        return self.shape[0]
+        return self.shape[0] if len(self.shape) == 2 else 1
 
     @property
     def cols(self) -> int:
-        return self.shape[1]
+        return self.shape[-1]
 
     def __repr__(self) -> str:
         origin = f"input {self.name!r}" if self.producer is None else f"op #{self.producer}"
@@ -68,23 +73,55 @@ class Graph:
         self.inputs[name] = t
         return t
 
-    def gemm(self, a: Tensor, b: Tensor) -> Tensor:
-        """``a @ b`` for (M, K) @ (K, N), any positive sizes."""
-        self._check_operand(a, "gemm", "a")
-        self._check_operand(b, "gemm", "b")
+    def gemm(self, a: Tensor, b: Tensor, bias: Tensor | None = None,
+             activation: str | None = None, residual: Tensor | None = None,
+             out_dtype: str | None = None) -> Tensor:
+        """``act(a @ b + bias) + residual`` for (M, K) @ (K, N), any positive sizes, in one
+        fused instruction per output tile (fp32 accumulation; bf16 operands on tensor cores).
+
+        bias: (N,) or (1, N); activation: None, "relu", "gelu" (tanh form) or "silu";
+        residual: (M, N); out_dtype: "float32" or "bfloat16" (default: a's dtype).
+        """
+        for t, arg in ((a, "a"), (b, "b")):
+            self._check_operand(t, "gemm", arg)
+            if len(t.shape) != 2:
+                raise GraphError(f"gemm: {arg} must be 2-D, got shape {t.shape}")
         if a.cols != b.rows:
             raise GraphError(f"gemm: inner dimensions differ: a is {a.shape}, b is {b.shape} "
                              f"(need a.shape[1] == b.shape[0])")
         if a.dtype != b.dtype:
             raise GraphError(f"gemm: dtypes differ: a is {a.dtype}, b is {b.dtype}")
-        return self._add_op("gemm", (a, b), (a.rows, b.cols), a.dtype)
+        m, n = a.rows, b.cols
+        inputs = [a, b]
+        if bias is not None:
+            self._check_operand(bias, "gemm", "bias")
+            if bias.shape not in ((n,), (1, n)):
+                raise GraphError(f"gemm: bias must have shape ({n},) or (1, {n}), got "
+                                 f"{bias.shape}")
+            inputs.append(bias)
+        if activation not in ACTIVATIONS:
+            raise GraphError(f"gemm: unknown activation {activation!r}; allowed: "
+                             f"{', '.join(repr(x) for x in ACTIVATIONS)}")
+        if residual is not None:
+            self._check_operand(residual, "gemm", "residual")
+            if residual.shape != (m, n):
+                raise GraphError(f"gemm: residual must have shape ({m}, {n}), got "
+                                 f"{residual.shape}")
+            inputs.append(residual)
+        out_dtype = a.dtype if out_dtype is None else _check_dtype(out_dtype, "gemm out_dtype")
+        return self._add_op("gemm", tuple(inputs), (m, n), out_dtype, bias=bias is not None,
+                            activation=activation, residual=residual is not None)
 
     def transpose(self, x: Tensor) -> Tensor:
         self._check_operand(x, "transpose", "x")
+        _check_float32_only(x, "transpose")
+        if len(x.shape) != 2:
+            raise GraphError(f"transpose: x must be 2-D, got shape {x.shape}")
         return self._add_op("transpose", (x,), (x.cols, x.rows), x.dtype)
 
     def copy(self, x: Tensor) -> Tensor:
         self._check_operand(x, "copy", "x")
+        _check_float32_only(x, "copy")
         return self._add_op("copy", (x,), x.shape, x.dtype)
 
     def output(self, x: Tensor, name: str) -> Tensor:
@@ -125,14 +162,21 @@ class Graph:
             raise GraphError("the graph declares no outputs: call g.output(tensor, name)")
 
 
-def _check_shape(shape, what: str) -> tuple[int, int]:
+def _check_float32_only(x: Tensor, op: str) -> None:
+    # the device's copy and transpose move 4-byte elements; bf16 there is future work
+    if x.dtype != "float32":
+        raise GraphError(f"{op}: dtype {x.dtype!r} is not supported by {op} yet; allowed: "
+                         f"float32 (bfloat16 tensors feed and leave GEMMs)")
+
+
+def _check_shape(shape, what: str) -> tuple[int, ...]:
     try:
         dims = tuple(shape)
     except TypeError:
-        raise GraphError(f"{what}: shape must be a tuple of 2 positive ints, "
+        raise GraphError(f"{what}: shape must be a tuple of 1 or 2 positive ints, "
                          f"got {shape!r}") from None
-    if len(dims) != 2:
-        raise GraphError(f"{what}: megak tensors are 2-D, got shape {dims!r}")
+    if len(dims) not in (1, 2):
+        raise GraphError(f"{what}: megak tensors are 2-D (or 1-D vectors), got shape {dims!r}")
     out = []
     for d in dims:
         if isinstance(d, bool) or not hasattr(d, "__index__"):
@@ -148,13 +192,7 @@ def _check_shape(shape, what: str) -> tuple[int, int]:
 
 
 def _check_dtype(dtype, what: str) -> str:
-    name = getattr(dtype, "name", None) or (dtype if isinstance(dtype, str) else None)
-    if name is None:
-        try:
-            import numpy as np
-            name = np.dtype(dtype).name
-        except TypeError:
-            name = repr(dtype)
+    name = name_of(dtype)
     if name not in SUPPORTED_DTYPES:
         raise GraphError(f"{what}: dtype {name!r} is not supported; allowed: "
                          f"{', '.join(SUPPORTED_DTYPES)}")

@@ -72,9 +72,11 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         rec["op_index"] = op.index
         tensor = np.zeros(abi.MAX_TENSORS, dtype=np.uint32)
         tensor[abi.ARG_OUT] = op.output.index
-        for i, t in enumerate(op.inputs):
-            tensor[i] = t.index  # operand positions A, B, ... match input order
+        positions = low.operands or list(range(len(op.inputs)))
+        for pos, t in zip(positions, op.inputs):
+            tensor[pos] = t.index
         rec["tensor"] = tensor
+        rec["flags"] = low.flags
         row0, rows, col0, cols = low.tile_regions()
         rec["row0"], rec["rows"], rec["col0"], rec["cols"] = row0, rows, col0, cols
         for key, value in low.extra.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import abi
+from .dtypes import numpy_dtype
 from .errors import MegakernelError, raise_for_status
 from .ops import BY_OPCODE
 from .plan import Plan
@@ -83,11 +84,13 @@ class SimExecutor:
         tensors = []
         written = []
         for slot in plan.tensors:
+            dtype = numpy_dtype(slot.dtype)
             if slot.slot in inputs:
-                tensors.append(np.array(inputs[slot.slot], dtype=np.float32, copy=True))
+                tensors.append(np.array(inputs[slot.slot], dtype=dtype, copy=True)
+                               .reshape(slot.shape))
                 written.append(None)
             else:
-                tensors.append(np.full(slot.shape, np.nan, dtype=np.float32))  # poison
+                tensors.append(np.full(slot.shape, np.nan, dtype=dtype))  # poison
                 written.append(np.zeros(slot.shape, dtype=bool))
         self._events = np.zeros(len(instrs), dtype=abi.TRACE_DTYPE) if trace else None
         try:
@@ -265,8 +268,13 @@ class SimExecutor:
                or any(int(rec["signal_counter"][k]) >= plan.n_counters
                       for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS))))
         if not bad and int(rec["opcode"]) != abi.OP_NOP:
-            n_args = 3 if int(rec["opcode"]) == abi.OP_GEMM else 2
-            used = [abi.ARG_A, abi.ARG_OUT] + ([abi.ARG_B] if n_args == 3 else [])
+            used = [abi.ARG_A, abi.ARG_OUT]
+            if int(rec["opcode"]) == abi.OP_GEMM:
+                used.append(abi.ARG_B)
+                if int(rec["flags"]) & abi.FLAG_BIAS:
+                    used.append(abi.ARG_BIAS)
+                if int(rec["flags"]) & abi.FLAG_RESIDUAL:
+                    used.append(abi.ARG_RESIDUAL)
             bad = any(int(rec["tensor"][k]) >= len(plan.tensors) for k in used)
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))

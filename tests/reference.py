@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from megak.dtypes import UNIT_ROUNDOFF, numpy_dtype
+from megak.ops.gemm import activation
+
 U32 = 2.0 ** -24
+# |act'| bounds: how much an error in the activation's input can grow
+LIPSCHITZ = {None: 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1}
 
 
 def evaluate(graph, inputs: dict[str, np.ndarray]):
@@ -17,15 +22,33 @@ def evaluate(graph, inputs: dict[str, np.ndarray]):
     elementwise upper limit on |fp32 result - value|."""
     env = {}
     for name, t in graph.inputs.items():
-        env[t.index] = (inputs[name].astype(np.float64), np.zeros(t.shape))
+        env[t.index] = (np.asarray(inputs[name]).astype(np.float64).reshape(t.shape),
+                        np.zeros(t.shape))
     for op in graph.ops:
         args = [env[t.index] for t in op.inputs]
         if op.kind == "gemm":
-            (a, ea), (b, eb) = args
+            (a, ea), (b, eb) = args[:2]
+            rest = list(args[2:])
             k = a.shape[1]
             value = a @ b
             mag = (np.abs(a) + ea) @ (np.abs(b) + eb)
             bound = ea @ np.abs(b) + np.abs(a) @ eb + ea @ eb + 2 * k * U32 * mag
+            if op.attrs.get("bias"):
+                bias, eb_ = rest.pop(0)
+                value = value + bias.reshape(1, -1)
+                bound = bound + eb_.reshape(1, -1) + U32 * (np.abs(value) + bound)
+            act = op.attrs.get("activation")
+            if act:
+                # fp32 evaluation of tanh / exp costs a few ulps of the result and input
+                bound = LIPSCHITZ[act] * bound + 8 * U32 * (np.abs(value) + 1.0)
+                value = activation(value, act)
+            if op.attrs.get("residual"):
+                res, er = rest.pop(0)
+                value = value + res
+                bound = bound + er + U32 * (np.abs(value) + bound)
+            # one rounding to the output dtype (fp32 rounding is inside the K bound already)
+            if op.output.dtype != "float32":
+                bound = bound + UNIT_ROUNDOFF[op.output.dtype] * (np.abs(value) + bound)
         elif op.kind == "transpose":
             value, bound = args[0][0].T, args[0][1].T
         elif op.kind == "copy":
@@ -36,9 +59,10 @@ def evaluate(graph, inputs: dict[str, np.ndarray]):
     return env
 
 
-def assert_close(actual: np.ndarray, value: np.ndarray, bound: np.ndarray, what: str = ""):
+def assert_close(actual: np.ndarray, value: np.ndarray, bound: np.ndarray, what: str = "",
+                 dtype: str = "float32"):
     assert actual.shape == value.shape, (what, actual.shape, value.shape)
-    assert actual.dtype == np.float32, (what, actual.dtype)
+    assert actual.dtype == numpy_dtype(dtype), (what, actual.dtype)
     assert np.isfinite(actual).all(), f"{what}: non-finite values (unwritten output?)"
     err = np.abs(actual.astype(np.float64) - value)
     limit = bound + 1e-30
@@ -49,7 +73,7 @@ def assert_close(actual: np.ndarray, value: np.ndarray, bound: np.ndarray, what:
 
 
 def random_inputs(graph, rng) -> dict[str, np.ndarray]:
-    return {name: rng.uniform(-1.0, 1.0, t.shape).astype(np.float32)
+    return {name: rng.uniform(-1.0, 1.0, t.shape).astype(np.float32).astype(numpy_dtype(t.dtype))
             for name, t in graph.inputs.items()}
 
 
@@ -64,5 +88,5 @@ def check_graph(prog, graph, rng, what=""):
     assert set(out) == set(graph.outputs)
     for name, t in graph.outputs.items():
         value, bound = env[t.index]
-        assert_close(out[name], value, bound, f"{what} output {name!r}")
+        assert_close(out[name], value, bound, f"{what} output {name!r}", t.dtype)
     return inputs, out

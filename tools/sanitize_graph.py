@@ -3,7 +3,7 @@
 against float64. The workload `tools/sanitize.sh` runs under compute-sanitizer.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
-MK_TENSOR_ALIGN_ELEMS) and small (the sanitizer slows the kernel down by 10-100x).
+MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
 Exit status: 0 when every output is within its error bound, 1 on a mismatch, 2 when the run
 itself failed.
 

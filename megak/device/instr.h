@@ -36,14 +36,15 @@ enum mk_limits {
     MK_CONTROL_BYTES = 16384,  /* dynamic smem ahead of the pages: slots, page table, scratch */
     MK_PAGE_ALIGN = 1024,      /* page base alignment (swizzled TMA tiles need 1024) */
     MK_THREADS = 256,          /* threads per block of the megakernel */
-    MK_TENSOR_ALIGN_ELEMS = 4  /* leading dims of megak-owned buffers are multiples of this */
+    MK_TENSOR_ALIGN_BYTES = 16 /* rows of megak-owned buffers start 16-B aligned (ld padded) */
 };
 
 /* Tile shapes and page needs of each op: lowering (Python) and device ops read these. */
 enum mk_op_shapes {
     MK_GEMM_TILE_M = 128,
     MK_GEMM_TILE_N = 128,
-    MK_GEMM_PAGES = 4,         /* double-buffered A^T and B k-slices, one page each */
+    MK_GEMM_PAGES = 4,         /* fp32: double-buffered A^T and B k-slices, one page each */
+    MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): pages of the bf16 pipeline */
     MK_TRANSPOSE_TILE = 64,    /* 64 x 64 fp32 = exactly one page */
     MK_TRANSPOSE_PAGES = 1,
     MK_COPY_PAGES = 0          /* global -> global, registers only */
@@ -70,11 +71,26 @@ enum mk_operand {
 enum mk_flags {
     MK_FLAG_NONE = 0,
     /* test-only hooks: the simulator and the device both honour them */
-    MK_FLAG_DEBUG_LEAK_PAGE = 1   /* do not release the last acquired page */
+    MK_FLAG_DEBUG_LEAK_PAGE = 1,  /* do not release the last acquired page */
+    /* GEMM epilogue, fused: out = act(acc + bias) + residual, in fp32, then rounded to the
+     * output's dtype. bias = tensor[MK_ARG_BIAS] (1 x N), residual = tensor[MK_ARG_RESIDUAL]
+     * (M x N), each fp32 or bf16. */
+    MK_FLAG_BIAS = 2,
+    MK_FLAG_RESIDUAL = 4,
+    MK_FLAG_ACT_SHIFT = 4,        /* activation (enum mk_activation) in bits 4..7 */
+    MK_FLAG_ACT_MASK = 240
+};
+
+enum mk_activation {
+    MK_ACT_NONE = 0,
+    MK_ACT_RELU = 1,
+    MK_ACT_GELU = 2,              /* tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    MK_ACT_SILU = 3               /* x / (1 + exp(-x)) */
 };
 
 enum mk_dtype {
-    MK_DTYPE_F32 = 0
+    MK_DTYPE_F32 = 0,
+    MK_DTYPE_BF16 = 1             /* GEMM operands on tensor cores, fp32 accumulation */
 };
 
 enum mk_error {

@@ -401,3 +401,47 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
         st->error = MK_OK;
     }
 }
+
+/* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record
+ * params->instrs[first + b] with the same op code, no waits and no signals (stream order is
+ * the dependency between launches), pages 0..n-1 of its own shared memory. An invalid record
+ * is reported through the status record like the megakernel does, and the block exits. */
+extern "C" __global__ void __launch_bounds__(MK_THREADS, 1)
+megak_op(const mk_params* params, mk_u32 first)
+{
+    mk_control& ctl = mk_ctl();
+    unsigned char* const page_array = mk_page_array(mk_smem);
+    mk_slot& s = ctl.slot[0];
+    const mk_u32 tid = threadIdx.x;
+    const mk_instr* rec = reinterpret_cast<const mk_instr*>(params->instrs) + first + blockIdx.x;
+    if (tid < MK_INSTR_BYTES / 4)
+        reinterpret_cast<mk_u32*>(&s.ins)[tid] = reinterpret_cast<const mk_u32*>(rec)[tid];
+    int stop = 0;
+    __syncthreads();
+    if (tid == 0) {
+        mk_stop_info e = {MK_OK, first + blockIdx.x, s.ins.opcode, s.ins.op_index, 0, 0, 0};
+        e.error = mk_validate(s.ins, *params, &e.expected, &e.observed);
+        const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)s.ins.pages * MK_PAGE_BYTES;
+        if (e.error == MK_OK && need > mk_dynamic_smem_size()) {
+            e.error = MK_ERR_PAGES;
+            e.expected = (mk_u32)need;
+            e.observed = mk_dynamic_smem_size();
+        }
+        if (e.error != MK_OK) {
+            mk_stop(*params, e);
+            stop = 1;
+        } else {
+            const mk_tensor* tensors = reinterpret_cast<const mk_tensor*>(params->tensors);
+            const mk_u32 used = mk_op_operands(s.ins.opcode);
+            for (mk_u32 i = 0; i < MK_MAX_TENSORS; ++i)
+                if ((used >> i) & 1u)
+                    s.operand[i] = tensors[s.ins.tensor[i]];
+            for (mk_u32 i = 0; i < s.ins.pages; ++i)
+                s.page[i] = (mk_u8)i;
+        }
+    }
+    if (__syncthreads_or(stop))
+        return;
+    const mk_pages pages = {page_array, s.page};
+    mk_op_run(s.ins, s.operand, pages);
+}

@@ -28,6 +28,8 @@ class Lowered:
     flops: float = 0.0
     bytes: float = 0.0
     extra: dict = field(default_factory=dict)  # per-instruction fields (k0, klen, ...)
+    operands: list[int] | None = None  # mk_instr.tensor[] position of each input (default 0..)
+    flags: int = 0                     # mk_flags of every instruction (epilogue, ...)
 
     @property
     def n_row_tiles(self) -> int:
@@ -59,10 +61,13 @@ def edges(extent: int, tile: int) -> np.ndarray:
 
 # Rough per-SM throughput of an H200 (132 SMs), for balancing queues, not for promises.
 SM_FLOPS_PER_NS = 50e12 / 132 / 1e9        # fp32 FMA pipes at ~50 TFLOP/s per device
+SM_TC_FLOPS_PER_NS = 700e12 / 132 / 1e9    # bf16 tensor cores
 SM_BYTES_PER_NS = 4.0e12 / 132 / 1e9       # ~4 TB/s HBM per device
 INSTR_OVERHEAD_NS = 500.0                  # dependency hand-off and instruction fetch
 
 
-def cost_ns(flops: np.ndarray | float, nbytes: np.ndarray | float) -> np.ndarray:
-    return np.maximum(np.asarray(flops, dtype=np.float64) / SM_FLOPS_PER_NS,
+def cost_ns(flops: np.ndarray | float, nbytes: np.ndarray | float,
+            tensor_cores: bool = False) -> np.ndarray:
+    rate = SM_TC_FLOPS_PER_NS if tensor_cores else SM_FLOPS_PER_NS
+    return np.maximum(np.asarray(flops, dtype=np.float64) / rate,
                       np.asarray(nbytes, dtype=np.float64) / SM_BYTES_PER_NS) + INSTR_OVERHEAD_NS

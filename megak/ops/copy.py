@@ -19,7 +19,7 @@ def rows_per_chunk(rows: int, cols: int) -> int:
 
 def lower(op) -> Lowered:
     (x,) = op.inputs
-    rows, cols = x.shape
+    rows, cols = x.rows, x.cols
     row_edges = edges(rows, rows_per_chunk(rows, cols))
     col_edges = np.array([0, cols], dtype=np.int64)
     r0, r1 = row_edges[:-1], row_edges[1:]

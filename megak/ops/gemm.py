@@ -1,23 +1,35 @@
-"""GEMM: out = a @ b, lowered into 128 x 128 output tiles, each running the whole K loop.
+"""GEMM: out = act(a @ b + bias) + residual, lowered into 128 x 128 output tiles, each
+running the whole K loop with the epilogue fused into its store.
 
-Each tile instruction reads a row band of `a` and a column band of `b`, so it depends only on
-the producer tiles that wrote those bands. Edge tiles are short; the device op bounds-checks.
+Each tile instruction reads a row band of `a`, a column band of `b` and its own tile of
+`bias` / `residual`, so it depends only on the producer tiles that wrote those. Edge tiles are
+short; the device op bounds-checks. fp32 operands run on the FMA pipes, bf16 operands on
+tensor cores; both accumulate in fp32.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import abi
+from ..dtypes import ITEMSIZE
 from ._lowering import Lowered, Region, cost_ns, edges
 
 OPCODE = abi.OP_GEMM
 PAGES = abi.OP_SHAPES["MK_GEMM_PAGES"]
+PAGES_BY_DTYPE = {"float32": PAGES, "bfloat16": abi.OP_SHAPES["MK_GEMM_BF16_PAGES"]}
 TILE_M = abi.OP_SHAPES["MK_GEMM_TILE_M"]
 TILE_N = abi.OP_SHAPES["MK_GEMM_TILE_N"]
 
 
+def epilogue_flags(op) -> int:
+    act = abi.ACTIVATIONS["MK_ACT_" + (op.attrs.get("activation") or "none").upper()]
+    return ((abi.FLAG_BIAS if op.attrs.get("bias") else 0)
+            | (abi.FLAG_RESIDUAL if op.attrs.get("residual") else 0)
+            | (act << abi.FLAG_ACT_SHIFT))
+
+
 def lower(op) -> Lowered:
-    a, b = op.inputs
+    a, b = op.inputs[:2]
     m, k = a.shape
     n = b.cols
     row_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
@@ -30,21 +42,73 @@ def lower(op) -> Lowered:
     full_k = np.full(nr * nc, k, dtype=np.int64)
     reads = [Region(r0, r0 + tm, zeros, full_k),      # a[m-band, :]
              Region(zeros, full_k, c0, c0 + tn)]      # b[:, n-band]
+    operands = [abi.ARG_A, abi.ARG_B]
+    ones = np.ones(nr * nc, dtype=np.int64)
+    if op.attrs.get("bias"):
+        reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, n-band]
+        operands.append(abi.ARG_BIAS)
+    if op.attrs.get("residual"):
+        reads.append(Region(r0, r0 + tm, c0, c0 + tn))             # residual tile
+        operands.append(abi.ARG_RESIDUAL)
+    size = ITEMSIZE[a.dtype]
     flops = 2.0 * tm * tn * k
-    nbytes = 4.0 * (tm * k + k * tn + tm * tn)
-    return Lowered(OPCODE, PAGES, row_edges, col_edges, reads, cost_ns(flops, nbytes),
-                   flops=float(flops.sum()), bytes=4.0 * (m * k + k * n + m * n),
-                   extra={"k0": zeros, "klen": full_k})
+    nbytes = size * (tm * k + k * tn) + ITEMSIZE[op.output.dtype] * tm * tn
+    total_bytes = (size * (m * k + k * n) + ITEMSIZE[op.output.dtype] * m * n
+                   + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
+    return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+                   cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
+                   flops=float(flops.sum()), bytes=float(total_bytes),
+                   extra={"k0": zeros, "klen": full_k}, operands=operands,
+                   flags=epilogue_flags(op))
 
 
-def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return a.astype(np.float64) @ b.astype(np.float64)
+def activation(v: np.ndarray, name: str | None) -> np.ndarray:
+    """The epilogue activations, in the input's precision (float32 in the simulator)."""
+    if name is None or name == "none":
+        return v
+    if name == "relu":
+        return np.maximum(v, v.dtype.type(0))
+    if name == "gelu":   # tanh form, as the device computes it
+        c = v.dtype.type(0.7978845608028654)
+        return v.dtype.type(0.5) * v * (v.dtype.type(1) + np.tanh(c * (v + v.dtype.type(0.044715) * v * v * v)))
+    if name == "silu":
+        return v / (v.dtype.type(1) + np.exp(-v))
+    raise ValueError(f"unknown activation {name!r}")
+
+
+def reference(a: np.ndarray, b: np.ndarray, bias=None, act=None, residual=None) -> np.ndarray:
+    """float64 reference of act(a @ b + bias) + residual."""
+    v = a.astype(np.float64) @ b.astype(np.float64)
+    if bias is not None:
+        v = v + np.asarray(bias, dtype=np.float64).reshape(1, -1)
+    v = activation(v, act)
+    if residual is not None:
+        v = v + residual.astype(np.float64)
+    return v
 
 
 def simulate(instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
-    """Run one GEMM tile in float32, as the device does. Returns the regions it read."""
-    a, b, out = (tensors[instr["tensor"][i]] for i in (abi.ARG_A, abi.ARG_B, abi.ARG_OUT))
+    """Run one GEMM tile as the device does: fp32 accumulation of the (exact) fp32 or bf16
+    operand values, the epilogue in fp32, one rounding to the output's dtype. Returns the
+    regions it read."""
+    t = instr["tensor"]
+    a, b, out = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]], tensors[t[abi.ARG_OUT]]
     r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
     k0, kl = int(instr["k0"]), int(instr["klen"])
-    out[r0:r0 + rn, c0:c0 + cn] = a[r0:r0 + rn, k0:k0 + kl] @ b[k0:k0 + kl, c0:c0 + cn]
-    return ((abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn))
+    flags = int(instr["flags"])
+    f32 = np.float32
+    v = a[r0:r0 + rn, k0:k0 + kl].astype(f32) @ b[k0:k0 + kl, c0:c0 + cn].astype(f32)
+    reads = [(abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn)]
+    if flags & abi.FLAG_BIAS:
+        v = v + tensors[t[abi.ARG_BIAS]][0:1, c0:c0 + cn].astype(f32)
+        reads.append((abi.ARG_BIAS, 0, 1, c0, c0 + cn))
+    act = (flags & abi.FLAG_ACT_MASK) >> abi.FLAG_ACT_SHIFT
+    v = activation(v, _ACT_NAMES[act])
+    if flags & abi.FLAG_RESIDUAL:
+        v = v + tensors[t[abi.ARG_RESIDUAL]][r0:r0 + rn, c0:c0 + cn].astype(f32)
+        reads.append((abi.ARG_RESIDUAL, r0, r0 + rn, c0, c0 + cn))
+    out[r0:r0 + rn, c0:c0 + cn] = v.astype(out.dtype)
+    return tuple(reads)
+
+
+_ACT_NAMES = {v: k[len("MK_ACT_"):].lower() for k, v in abi.ACTIVATIONS.items()}

@@ -4,7 +4,7 @@ Set up once (``__init__``)::
 
     device 0 current -> compile (cubin for the device's exact arch, cached) -> load
     -> checks that need the loaded kernel (static smem, opt-in, pages, occupancy, SM count)
-    -> buffers: one per tensor slot (rows x ld, ld padded to MK_TENSOR_ALIGN_ELEMS),
+    -> buffers: one per tensor slot (rows x ld, ld padded to MK_TENSOR_ALIGN_BYTES),
        tensor table, queues, counters, status, sm_state, params
     -> tensor table + queues uploaded once through pinned staging on the executor's stream
 
@@ -32,17 +32,13 @@ import weakref
 
 import numpy as np
 
-from .. import abi, pages
+from .. import abi, dtypes, pages
 from ..errors import (GraphError, MegakernelError, MegakernelHang, raise_for_status,
                       sm_states_to_dicts, status_to_dict)
 from ..plan import Plan, TensorSlot
 from . import memory as mem
 from .driver import CudaError, _bindings, check, device_info, require_gpu
 
-# numpy dtype name -> (mk_dtype enum name, NaN bit pattern of one 32-bit word of that dtype)
-_DTYPES = {
-    "float32": ("MK_DTYPE_F32", 0x7FC00000),
-}
 
 # Errors after which the CUDA context is dead for the rest of the process.
 _STICKY = {
@@ -103,10 +99,9 @@ def validate_plan(plan: Plan) -> None:
     if len(set(slots)) != len(slots) or any(s < 0 for s in slots):
         raise GraphError(f"plan.tensors: slot numbers must be distinct and >= 0, got {slots}")
     for t in plan.tensors:
-        if t.dtype not in _DTYPES or _DTYPES[t.dtype][0] not in abi.DTYPES:
-            allowed = [d for d, (e, _) in _DTYPES.items() if e in abi.DTYPES]
+        if t.dtype not in dtypes.SUPPORTED:
             raise GraphError(f"tensor {t.name!r}: dtype {t.dtype!r} is not supported by the "
-                             f"CUDA backend; allowed: {', '.join(allowed)}")
+                             f"CUDA backend; allowed: {', '.join(dtypes.SUPPORTED)}")
         if t.rows < 0 or t.cols < 0 or t.rows >= 2 ** 31 or t.cols >= 2 ** 31:
             raise GraphError(f"tensor {t.name!r}: shape {t.shape} out of range")
     if plan.n_counters < 0:
@@ -130,8 +125,8 @@ class _TensorBuffer:
         self.slot = slot
         self.buf = buf
         self.ld = ld
-        self.np_dtype = np.dtype(slot.dtype)
-        self.poison = _DTYPES[slot.dtype][1]
+        self.np_dtype = dtypes.numpy_dtype(slot.dtype)
+        self.poison = dtypes.POISON_WORD[slot.dtype]
 
     @property
     def padded_shape(self) -> tuple[int, int]:
@@ -348,8 +343,8 @@ class CudaExecutor:
         m = self._memory
         layout = []
         for t in plan.tensors:
-            itemsize = np.dtype(t.dtype).itemsize
-            ld = round_up(max(t.cols, 1), abi.TENSOR_ALIGN_ELEMS)
+            itemsize = dtypes.ITEMSIZE[t.dtype]
+            ld = round_up(max(t.cols, 1), abi.TENSOR_ALIGN_BYTES // itemsize)
             layout.append((t, ld, round_up(t.rows * ld * itemsize, mem.DEVICE_ALIGN)))
         tensor_bytes = sum(n for _, _, n in layout)
         n_tensors = (max(t.slot for t in plan.tensors) + 1) if plan.tensors else 0
@@ -393,15 +388,15 @@ class CudaExecutor:
             table[slot]["rows"] = tb.slot.rows
             table[slot]["cols"] = tb.slot.cols
             table[slot]["ld"] = tb.ld
-            table[slot]["dtype"] = abi.DTYPES[_DTYPES[tb.slot.dtype][0]]
-        staging = self._memory.pinned(table.nbytes, "tensor table (host)")
-        try:
-            staging.array(abi.TENSOR_DTYPE, table.shape)[:] = table
-            mem.htod(self._dev_buf["tensors"].ptr, staging.ptr, table.nbytes, self._h)
-            self._write_queues()
-            self._wait("uploading the tensor table and queues")
-        finally:
-            self._memory.free(staging)
+            table[slot]["dtype"] = dtypes.ABI_CODE[tb.slot.dtype]
+        self._table_default = table
+        self._table_host_buf = self._memory.pinned(table.nbytes, "tensor table (host)")
+        self._table_host = self._table_host_buf.array(abi.TENSOR_DTYPE, table.shape)
+        self._table_host[:] = table
+        self._table_is_default = True
+        mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, table.nbytes, self._h)
+        self._write_queues()
+        self._wait("uploading the tensor table and queues")
         self._write_params()
 
     def _write_queues(self) -> None:
@@ -471,9 +466,14 @@ class CudaExecutor:
             self._wait("uploading the queues")
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
-            trace: bool = False) -> dict[int, np.ndarray]:
+            trace: bool = False, external: dict | None = None) -> dict[int, np.ndarray]:
         """Run the plan once: ``inputs`` slot -> array of that slot's shape and dtype;
         returns slot -> a fresh array for every slot in ``outputs``.
+
+        ``external``: slot -> megak.interop.DeviceArray (validated by the caller): GPU memory
+        of the caller used in place of megak's buffer for that slot, zero-copy. An external
+        input is read where it lies; an external output is written there and is not in the
+        returned dict.
 
         ``trace``: run the MK_TRACE=1 build (compiled on first use) and keep one
         abi.TRACE_DTYPE record per queued instruction, in queue order, in
@@ -485,7 +485,10 @@ class CudaExecutor:
             self._dev.set_current()
             self.last_trace_events = None
             kernel = self._variant(trace=bool(trace))[2]
+            external = external or {}
+            outputs = [s for s in outputs if s not in external]
             try:
+                self._point_table_at(external)
                 self._enqueue(inputs, outputs, kernel, bool(trace))
             except BaseException:
                 self._drain_quietly()
@@ -542,6 +545,20 @@ class CudaExecutor:
             st = self._memory.pinned(tb.buf.nbytes, f"staging {tb.slot.name}")
             self._staging[slot] = st
         return st
+
+    def _point_table_at(self, external: dict) -> None:
+        """Tensor table for this run: caller-owned GPU memory where given, megak's elsewhere.
+        Uploaded (stream-ordered, before the launch) only when it changes."""
+        if not external and self._table_is_default:
+            return
+        self._wait("reusing the tensor table staging")   # the previous upload has landed
+        table = self._table_host
+        table[:] = self._table_default
+        for slot, arr in external.items():
+            table[slot]["ptr"] = arr.ptr
+            table[slot]["ld"] = arr.row_stride()
+        mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, table.nbytes, self._h)
+        self._table_is_default = not external
 
     def _trace_buffers(self) -> tuple[mem.DeviceBuffer, mem.PinnedBuffer]:
         """Device and pinned buffers for one event per queued instruction (grown on demand)."""

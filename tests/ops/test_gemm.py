@@ -38,3 +38,79 @@ def test_gemm_lowering_tiles_cover_output_once():
 def test_gemm_reference_is_float64():
     a = np.ones((2, 3), np.float32)
     assert gemm.reference(a, a.T).dtype == np.float64
+
+
+EPILOGUES = [dict(), dict(bias=True), dict(activation="relu"), dict(bias=True, activation="gelu"),
+             dict(activation="silu", residual=True),
+             dict(bias=True, activation="gelu", residual=True)]
+
+
+def epilogue_graph(m, k, n, dtype="float32", out_dtype=None, bias=False, activation=None,
+                   residual=False, bias_1d=True):
+    g = megak.Graph()
+    a = g.input("a", (m, k), dtype)
+    b = g.input("b", (k, n), dtype)
+    kw = {"activation": activation, "out_dtype": out_dtype}
+    if bias:
+        kw["bias"] = g.input("bias", (n,) if bias_1d else (1, n), dtype)
+    if residual:
+        kw["residual"] = g.input("res", (m, n), "float32")
+    g.output(g.gemm(a, b, **kw), "c")
+    return g
+
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()) or "plain")
+@pytest.mark.parametrize("m,k,n", [(129, 7, 130), (1, 300, 7), (200, 64, 257)])
+def test_fused_epilogue_fp32(backend, rng, m, k, n, epi):
+    g = epilogue_graph(m, k, n, **epi)
+    prog = megak.compile(g, backend=backend, **({"n_sm": 4} if backend == "sim" else {}))
+    check_graph(prog, g, rng, f"gemm+{epi}")
+    flags = prog.plan.instrs["flags"]
+    assert (flags == gemm.epilogue_flags(g.ops[0])).all()   # one fused instruction per tile
+    assert prog.stats["instructions_per_opcode"] == {"gemm": len(prog.plan.instrs)}
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (129, 300, 130), (16, 1024, 256),
+                                   (300, 129, 1)])
+def test_bf16_gemm(backend, rng, m, k, n, out_dtype):
+    g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=out_dtype)
+    prog = megak.compile(g, backend=backend, **({"n_sm": 4} if backend == "sim" else {}))
+    _, out = check_graph(prog, g, rng, f"bf16 gemm {m}x{k}x{n} -> {out_dtype}")
+    assert out["c"].dtype == megak.dtypes.numpy_dtype(out_dtype)
+    assert (prog.plan.instrs["pages"] == gemm.PAGES_BY_DTYPE["bfloat16"]).all()
+
+
+@pytest.mark.parametrize("epi", EPILOGUES[1:], ids=lambda e: "+".join(e))
+def test_bf16_gemm_with_epilogue(backend, rng, epi):
+    g = epilogue_graph(130, 96, 200, dtype="bfloat16", bias_1d=False, **epi)
+    prog = megak.compile(g, backend=backend, **({"n_sm": 4} if backend == "sim" else {}))
+    check_graph(prog, g, rng, f"bf16 gemm+{epi}")
+
+
+def test_epilogue_arguments_are_checked():
+    g = megak.Graph()
+    a = g.input("a", (4, 3), "float32")
+    b = g.input("b", (3, 5), "float32")
+    with pytest.raises(megak.GraphError, match="unknown activation 'tanh'; allowed: None, 'relu', 'gelu', 'silu'"):
+        g.gemm(a, b, activation="tanh")
+    with pytest.raises(megak.GraphError, match=r"bias must have shape \(5,\) or \(1, 5\)"):
+        g.gemm(a, b, bias=g.input("bias", (4,), "float32"))
+    with pytest.raises(megak.GraphError, match=r"residual must have shape \(4, 5\)"):
+        g.gemm(a, b, residual=g.input("r", (5, 4), "float32"))
+    with pytest.raises(megak.GraphError, match="allowed: float32, bfloat16"):
+        g.gemm(a, b, out_dtype="float16")
+
+
+def test_epilogue_dependencies_are_tile_level():
+    # bias and residual produced by earlier ops: each tile waits only on what it reads
+    g = megak.Graph()
+    a = g.input("a", (256, 64), "float32")
+    w = g.input("w", (64, 256), "float32")
+    r = g.gemm(a, w)                                       # residual, 2 x 2 tiles
+    bias = g.copy(g.input("bias", (1, 256), "float32"))     # one row
+    g.output(g.gemm(a, w, bias=bias, residual=r, activation="relu"), "y")
+    from megak import scheduler
+    plan = scheduler.build_plan(g, n_sm=4)
+    last = plan.instrs[plan.instrs["op_index"] == 2]
+    assert (last["n_waits"] == 2).all()       # one residual tile + one bias chunk

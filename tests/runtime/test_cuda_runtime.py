@@ -201,7 +201,7 @@ def test_nop_hang_is_detected_and_the_gpu_recovers():
 
 
 def _mixed_graph(m=130, k=72, n=66):
-    # odd sizes: partial tiles, and leading dims padded to MK_TENSOR_ALIGN_ELEMS
+    # odd sizes: partial tiles, and leading dims padded to MK_TENSOR_ALIGN_BYTES
     g = megak.Graph()
     a = g.input("a", (m, k), "float32")
     b = g.input("b", (k, n), "float32")
@@ -390,7 +390,7 @@ class _FakeGpu:
         ctr = self.view(int(p["counters"]), np.uint32, max(int(p["n_counters"]), 1))
         st = self.view(int(p["status"]), abi.STATUS_DTYPE, 1)[0]
         for t in self.view(int(p["tensors"]), abi.TENSOR_DTYPE, int(p["n_tensors"])):
-            assert t["ptr"] % 256 == 0 and t["ld"] % abi.TENSOR_ALIGN_ELEMS == 0
+            assert t["ptr"] % 256 == 0 and t["ld"] * 4 % abi.TENSOR_ALIGN_BYTES == 0
             assert t["ld"] >= t["cols"]
         epoch = int(p["epoch"])
         for r in ins:  # every signal first, then every wait: NOP queues, no ordering

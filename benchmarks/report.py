@@ -1,0 +1,850 @@
+"""The benchmark report: megakernel vs separate launches, CUDA graphs and torch/cuBLAS.
+
+    python -m benchmarks.report [--quick] [--out-dir benchmarks] [--only W1 ...] [--seed N]
+    python -m benchmarks.report --render-only     # RESULTS.md again from the newest JSON (no GPU)
+
+For every workload of benchmarks/workloads.py, in ONE process (so medians and ratios share a
+machine state): build the graph, fresh random inputs, a float64 reference; check a normal
+``prog.run``; then per variant: poison every tensor the graph writes, time it, check what the
+timed runs left in memory. A variant whose check fails is reported as a failure, never as a
+time. Writes
+
+    OUT/results/<gpu-slug>-<date>.json   {"machine", "date", "results": [{workload, variant,
+                                          median_us, metric, value, ...}], ...}
+    OUT/results/<gpu-slug>-<date>.png    speed of each variant relative to megak
+    OUT/RESULTS.md                       tables, targets (DESIGN.md section 9), memory audit
+
+(--quick: tiny rep counts, smaller workloads, files suffixed "-quick", RESULTS-quick.md.)
+
+The pure parts (metric values, ratios, targets, JSON schema, markdown, chart) need no GPU and
+are tested in tests/test_benchmark_report.py.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import workloads as W
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+L2_FLUSH_BYTES = 256 << 20      # as megak.runtime.bench: several times the H200's 60 MB L2
+QUICK_REPS = (3, 1)             # (timed reps, warm-up) of every variant in a --quick run
+HIGHER_IS_BETTER = {"TFLOP/s", "GB/s"}
+METRICS = ("us/op", "us", "ms", "TFLOP/s", "GB/s")
+RESULT_KEYS = {"workload": str, "variant": str, "median_us": float, "metric": str,
+               "value": float}
+
+
+# ---- targets (DESIGN.md section 9) -----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    metric: str
+    op: str             # "<=" (lower is better) or ">=" (higher is better)
+    value: float
+    baseline: str       # what DESIGN.md says a user has today
+
+    def met(self, value: float) -> bool:
+        return value <= self.value if self.op == "<=" else value >= self.value
+
+    def text(self) -> str:
+        return f"{self.op} {fmt(self.value)} {self.metric}"
+
+    def gap(self, value: float | None) -> str:
+        """"met" or "missed by X unit (P%)", plainly."""
+        if value is None or not math.isfinite(value):
+            return "not measured"
+        if self.met(value):
+            return "met"
+        short = value - self.value if self.op == "<=" else self.value - value
+        return f"missed by {fmt(short)} {self.metric} ({short / self.value:.0%})"
+
+
+#: megak targets, from DESIGN.md section 9 (and the foundation issue for W6): the megak
+#: variant's figure is judged against them.
+TARGETS: dict[str, Target] = {
+    "W1": Target("us/op", "<=", 0.8, "4.4-5.2 us per launch (cuda-python); 0.5 us per empty "
+                 "and ~1 us per dependent node in a CUDA graph"),
+    "W2-1024x16-bf16": Target("us", "<=", 20.0, "bf16: eager 557 us, CUDA graph 90 us "
+                              "(HBM floor 7.8 us)"),
+    "W2-4096x8-bf16": Target("us", "<=", 75.0, "bf16: eager 268 us, CUDA graph 124 us "
+                             "(HBM floor 62 us)"),
+    "W3-8192-fp32": Target("TFLOP/s", ">=", 45.0, "cuBLAS 50.8 TFLOP/s"),
+    "W3-8192-bf16": Target("TFLOP/s", ">=", 650.0, "cuBLAS 766 TFLOP/s"),
+    "W4-16384-fp32": Target("GB/s", ">=", 3600.0, "torch 1,149 GB/s; device copy 4,171 GB/s"),
+    "W5-1GiB": Target("GB/s", ">=", 3950.0, "device copy 4,171 GB/s"),
+    "W6-lower-100k": Target("ms", "<=", 1000.0, "181.6 ms on the 2-core CPU machine "
+                            "(benchmarks/LOWERING.md)"),
+}
+
+#: fp32 workloads whose DESIGN.md target is for the bf16 version (shown for context, no gap)
+RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
+                  "W3-4096-fp32": "W3-8192-fp32"}
+
+
+# ---- pure helpers ------------------------------------------------------------------------------
+
+def fmt(v: float | None) -> str:
+    """About four significant digits, thousands separated."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    if a >= 1:
+        return f"{v:.3f}"
+    return f"{v:.3g}"
+
+
+def metric_value(metric: str, median_us: float, work: float) -> float:
+    """The workload's figure from a median time: per op, a time, or a rate."""
+    if not median_us > 0:
+        raise ValueError(f"median time must be > 0 us, got {median_us}")
+    if metric == "us/op":
+        return median_us / work
+    if metric == "us":
+        return median_us
+    if metric == "ms":
+        return median_us / 1e3
+    if metric == "TFLOP/s":
+        return work / (median_us * 1e-6) / 1e12
+    if metric == "GB/s":
+        return work / (median_us * 1e-6) / 1e9
+    raise ValueError(f"unknown metric {metric!r}; allowed: {', '.join(METRICS)}")
+
+
+def make_result(workload: str, variant: str, times_us, metric: str, work: float,
+                check: str) -> dict:
+    t = np.asarray(times_us, dtype=np.float64)
+    if t.ndim != 1 or len(t) == 0:
+        raise ValueError(f"{workload}/{variant}: no timed runs")
+    med = float(np.median(t))
+    return {"workload": workload, "variant": variant, "median_us": med, "metric": metric,
+            "value": float(metric_value(metric, med, work)), "reps": int(len(t)),
+            "min_us": float(t.min()), "max_us": float(t.max()), "check": check}
+
+
+def check_text(err_ratio: float, exact: bool = False) -> str:
+    return "exact" if exact or err_ratio == 0.0 else f"max |err|/bound {err_ratio:.2g}"
+
+
+def gpu_slug(name: str) -> str:
+    """"NVIDIA H200" -> "nvidia-h200" (file names)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return slug or "gpu"
+
+
+def by_workload(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """workload -> variant -> result, workloads in first-seen order."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in results:
+        out.setdefault(r["workload"], {})[r["variant"]] = r
+    return out
+
+
+def speeds(variants: dict[str, dict]) -> dict[str, dict]:
+    """Per variant: ``vs_megak`` = t_megak / t (>1: faster than megak) and ``vs_best_other`` =
+    t_best / t where best is the fastest variant other than megak (for the megak row: how
+    megak compares with the best alternative). None where there is nothing to compare with."""
+    t = {v: r["median_us"] for v, r in variants.items()}
+    others = {v: x for v, x in t.items() if v != "megak"}
+    best = min(others, key=others.get) if others else None
+    out = {}
+    for v, x in t.items():
+        out[v] = {
+            "vs_megak": t["megak"] / x if "megak" in t else None,
+            "vs_best_other": t[best] / x if best is not None and (v == "megak" or others) else None,
+            "best_other": best,
+        }
+    return out
+
+
+def validate_doc(doc: dict) -> None:
+    """The results file's schema; raises ValueError naming the first problem."""
+    if not isinstance(doc, dict):
+        raise ValueError("results document must be a JSON object")
+    for key in ("machine", "date", "results"):
+        if key not in doc:
+            raise ValueError(f"results document lacks {key!r}")
+    if not isinstance(doc["machine"], dict) or "gpu" not in doc["machine"]:
+        raise ValueError("machine must be an object with at least 'gpu'")
+    if not isinstance(doc["date"], str) or not re.fullmatch(r"\d{4}-\d{2}-\d{2}", doc["date"]):
+        raise ValueError(f"date must be YYYY-MM-DD, got {doc['date']!r}")
+    if not isinstance(doc["results"], list):
+        raise ValueError("results must be a list")
+    seen = set()
+    for i, r in enumerate(doc["results"]):
+        if not isinstance(r, dict):
+            raise ValueError(f"results[{i}] is not an object")
+        for key, typ in RESULT_KEYS.items():
+            if key not in r:
+                raise ValueError(f"results[{i}] lacks {key!r}")
+            ok = isinstance(r[key], (int, float)) and not isinstance(r[key], bool) \
+                if typ is float else isinstance(r[key], typ)
+            if not ok:
+                raise ValueError(f"results[{i}].{key} must be {typ.__name__}, got {r[key]!r}")
+        if r["metric"] not in METRICS:
+            raise ValueError(f"results[{i}].metric {r['metric']!r} not one of {METRICS}")
+        if r["variant"] not in W.VARIANTS:
+            raise ValueError(f"results[{i}].variant {r['variant']!r} not one of {W.VARIANTS}")
+        if not (r["median_us"] > 0 and math.isfinite(r["median_us"]) and math.isfinite(r["value"])):
+            raise ValueError(f"results[{i}]: median_us and value must be finite, median > 0")
+        if (r["workload"], r["variant"]) in seen:
+            raise ValueError(f"results[{i}]: duplicate {r['workload']}/{r['variant']}")
+        seen.add((r["workload"], r["variant"]))
+
+
+def write_json(doc: dict, path: Path) -> None:
+    validate_doc(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+# ---- markdown ----------------------------------------------------------------------------------
+
+def _machine_lines(m: dict) -> list[str]:
+    pk = m.get("packages", {})
+    pkgs = ", ".join(f"{k} {v}" for k, v in pk.items() if v) or "n/a"
+    drv = m.get("driver_version") or "n/a"
+    lines = [
+        f"- GPU: **{m.get('gpu', '?')}**, {m.get('sm_count', '?')} SMs, {m.get('arch', '?')}, "
+        f"{fmt(m.get('memory_gib'))} GiB",
+        f"- Driver: {drv} (CUDA driver API {m.get('cuda_driver_api', '?')}); NVRTC "
+        f"{m.get('nvrtc', '?')}" + (f"; torch built for CUDA {m['torch_cuda']}"
+                                    if m.get("torch_cuda") else ""),
+        f"- Host: {m.get('cpu', '?')} ({m.get('cpu_count', '?')} CPUs), Python "
+        f"{m.get('python', '?')}, {m.get('platform', '?')}",
+        f"- Packages: {pkgs}",
+    ]
+    if m.get("megak_commit"):
+        lines.append(f"- megak: {m['megak_commit']}")
+    return lines
+
+
+def _target_cell(name: str, variant: str, r: dict) -> str:
+    if variant != "megak":
+        return ""
+    t = TARGETS.get(name)
+    if t is not None and t.metric == r["metric"]:
+        return f"{t.text()}: **{t.gap(r['value'])}**"
+    rel = RELATED_TARGET.get(name)
+    if rel and rel in TARGETS:
+        return f"(see {rel}: {TARGETS[rel].text()})"
+    return ""
+
+
+def render_summary(doc: dict) -> list[str]:
+    grouped = by_workload(doc["results"])
+    failed = {(f["workload"], f["variant"]) for f in doc.get("failures", [])}
+    nya = doc.get("not_yet_available", {})
+    lines = ["| workload | target | megak | gap | best other variant | megak speed vs it "
+             "| DESIGN.md baseline |", "|---|---|---|---|---|---|---|"]
+    for name, t in TARGETS.items():
+        if name in nya:
+            lines.append(f"| {name} | {t.text()} | not yet available | not measured: {nya[name]} "
+                         f"| | | {t.baseline} |")
+            continue
+        variants = grouped.get(name, {})
+        r = variants.get("megak")
+        if r is None:
+            why = ("FAILED (see Failures)" if (name, "megak") in failed
+                   else "not run" + (" (quick run)" if doc.get("quick") else ""))
+            lines.append(f"| {name} | {t.text()} | {why} | not measured | | | {t.baseline} |")
+            continue
+        sp = speeds(variants)["megak"]
+        best = sp["best_other"]
+        best_txt = (f"{best}: {fmt(variants[best]['value'])} {variants[best]['metric']}"
+                    if best else "")
+        vs = f"{sp['vs_best_other']:.2f}x" if sp["vs_best_other"] else ""
+        lines.append(f"| {name} | {t.text()} | {fmt(r['value'])} {r['metric']} | "
+                     f"**{t.gap(r['value'])}** | {best_txt} | {vs} | {t.baseline} |")
+    return lines
+
+
+def render_workload(name: str, variants: dict[str, dict], description: str = "",
+                    notes: list[str] = ()) -> list[str]:
+    sp = speeds(variants)
+    metric = next(iter(variants.values()))["metric"]
+    lines = [f"### {name}", ""]
+    if description:
+        lines += [description, ""]
+    lines += [f"| variant | runs | median (us) | {metric} | speed vs megak | speed vs best "
+              f"other | check | target |", "|---|---|---|---|---|---|---|---|"]
+    order = [v for v in W.VARIANTS if v in variants]
+    for v in order:
+        r, s = variants[v], sp[v]
+        vm = f"{s['vs_megak']:.2f}x" if s["vs_megak"] is not None else "n/a"
+        vb = f"{s['vs_best_other']:.2f}x" if s["vs_best_other"] is not None else "n/a"
+        lines.append(f"| {v} | {r.get('reps', '?')} | {fmt(r['median_us'])} | "
+                     f"{fmt(r['value'])} | {vm} | {vb} | {r.get('check', '')} | "
+                     f"{_target_cell(name, v, r)} |")
+    for n in notes:
+        lines += ["", f"Note: {n}"]
+    return lines + [""]
+
+
+def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = None,
+                    json_name: str | None = None) -> str:
+    """RESULTS.md from a results document (pure: no GPU, no files)."""
+    validate_doc(doc)
+    m = doc["machine"]
+    quick = bool(doc.get("quick"))
+    out = ["# megak benchmark results", ""]
+    if quick:
+        out += ["> **Quick smoke run** (`--quick`): tiny rep counts and only the smaller "
+                "workloads. Not figures to cite.", ""]
+    out += [f"Measured {doc['date']}" + (f" ({doc['timestamp']})" if doc.get("timestamp") else "")
+            + (f" by `{doc['command']}`" if doc.get("command") else "")
+            + (f"; raw results: `results/{json_name}`" if json_name else "") + ".", ""]
+    out += _machine_lines(m) + [""]
+    out += ["How to read: every figure is the median of the timed runs (CUDA events around each "
+            "run; L2 flushed before each run where the working set is at most "
+            f"{L2_FLUSH_BYTES >> 20} MiB, so no run is served from a warm L2). "
+            "*speed vs megak* = t_megak / t: above 1 that variant is faster than megak. "
+            "*speed vs best other* = t_best / t, best = the fastest variant other than megak: "
+            "on the megak row, above 1 means megak beats every alternative. Every figure was "
+            "checked against a float64 reference (GEMMs within 2·K·2⁻²⁴·(|a|@|b|) per GEMM, "
+            "added up along chains; copies and transposes exact) after its timed runs, on "
+            "outputs poisoned with NaN beforehand. Targets are DESIGN.md section 9's, for the "
+            "megak variant.", ""]
+    out += ["Variants: " + "; ".join(f"**{v}**: {d}" for v, d in W.VARIANT_DESCRIPTIONS.items())
+            + ".", ""]
+    out += ["## Targets", ""] + render_summary(doc) + [""]
+    if chart:
+        out += [f"![speed of each variant relative to megak]({chart})", ""]
+    if doc.get("failures"):
+        out += ["## Failures", ""]
+        for f in doc["failures"]:
+            out.append(f"- **FAILED** {f['workload']} / {f['variant']}: {f['error']}")
+        out.append("")
+    skipped = doc.get("skipped", [])
+    if skipped:
+        out += ["## Not measured", ""]
+        out += [f"- {s['variant']}: {s['reason']}" for s in skipped]
+        out.append("")
+    out += ["## Results per workload", ""]
+    descr = doc.get("descriptions", {})
+    notes = doc.get("notes", {})
+    for name, variants in by_workload(doc["results"]).items():
+        out += render_workload(name, variants, descr.get(name, ""), notes.get(name, []))
+    nya = doc.get("not_yet_available", {})
+    if nya:
+        out += ["## Not yet available", ""]
+        for name, why in nya.items():
+            t = TARGETS.get(name)
+            out.append(f"- {name}: not measured: {why}" + (f" (target {t.text()})" if t else ""))
+        out.append("")
+    out += ["## Memory audit (Nsight Compute)", ""]
+    out += [audit_md.strip() if audit_md else
+            "Not run yet: `python -m benchmarks.audit` writes `results/audit-<date>.json`; "
+            "then `python -m benchmarks.report --render-only` puts its table here.", ""]
+    return "\n".join(out)
+
+
+# ---- chart -------------------------------------------------------------------------------------
+
+def write_chart(doc: dict, path: Path) -> bool:
+    """Horizontal bars: per workload, t_megak / t of every other variant (log scale; 1 = as
+    fast as megak). Returns False (and writes nothing) without matplotlib or anything to plot."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return False
+    rows = []
+    for name, variants in by_workload(doc["results"]).items():
+        if "megak" in variants and len(variants) > 1:
+            sp = speeds(variants)
+            rows.append((name, {v: sp[v]["vs_megak"] for v in variants if v != "megak"}))
+    if not rows:
+        return False
+    others = [v for v in W.VARIANTS if v != "megak" and any(v in r[1] for r in rows)]
+    height = 0.8 / max(len(others), 1)
+    # the Figure API directly (no pyplot): no global state, no display backend needed
+    fig = Figure(figsize=(9, 0.6 + 0.55 * len(rows) * max(1, len(others) / 2)))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    colors = {"separate": "#4c72b0", "graph": "#55a868", "torch": "#c44e52",
+              "torch_graph": "#8172b2"}
+    ys = np.arange(len(rows))[::-1]
+    lo, hi = 1.0, 1.0
+    for k, v in enumerate(others):
+        vals = [r[1].get(v) for r in rows]
+        pos = [y + (k - (len(others) - 1) / 2) * height for y in ys]
+        xs = [x if x else np.nan for x in vals]
+        ax.barh(pos, xs, height=height * 0.9, left=0, label=v, color=colors.get(v))
+        for p, x in zip(pos, xs):
+            if x == x:
+                lo, hi = min(lo, x), max(hi, x)
+                ax.text(x, p, f" {x:.2g}x", va="center", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 2, hi * 3)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.set_yticks(ys, [r[0] for r in rows])
+    ax.set_xlabel("speed relative to megak (t_megak / t, log scale): < 1 = slower than megak")
+    title = f"{doc['machine'].get('gpu', '')} {doc['date']}" + (" (quick)" if doc.get("quick")
+                                                                 else "")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+def output_paths(out_dir: Path, gpu: str, date: str, quick: bool) -> dict[str, Path]:
+    stem = f"{gpu_slug(gpu)}-{date}" + ("-quick" if quick else "")
+    return {"json": out_dir / "results" / f"{stem}.json",
+            "png": out_dir / "results" / f"{stem}.png",
+            "md": out_dir / ("RESULTS-quick.md" if quick else "RESULTS.md")}
+
+
+def latest_audit(results_dir: Path) -> tuple[Path | None, str | None]:
+    """The newest audit-*.json (by date in the name) and its markdown table."""
+    from . import audit
+    found = sorted(results_dir.glob("audit-*.json"))
+    if not found:
+        return None, None
+    path = found[-1]
+    try:
+        return path, audit.render_markdown(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        return path, f"(audit file {path.name} could not be read: {exc})"
+
+
+def write_outputs(doc: dict, out_dir: Path) -> dict[str, Path]:
+    paths = output_paths(out_dir, doc["machine"]["gpu"], doc["date"], bool(doc.get("quick")))
+    write_json(doc, paths["json"])
+    chart = write_chart(doc, paths["png"])
+    _, audit_md = latest_audit(out_dir / "results")
+    md = render_markdown(doc, audit_md,
+                         chart=f"results/{paths['png'].name}" if chart else None,
+                         json_name=paths["json"].name)
+    paths["md"].write_text(md)
+    if not chart:
+        paths.pop("png")
+    return paths
+
+
+def render_only(out_dir: Path, source: str | None) -> int:
+    results = out_dir / "results"
+    if source:
+        path = Path(source)
+    else:
+        found = sorted((p for p in results.glob("*.json")
+                        if not p.name.startswith("audit-") and not p.stem.endswith("-quick")),
+                       key=lambda p: p.stat().st_mtime)
+        if not found:
+            print(f"benchmarks.report: no results JSON in {results}", file=sys.stderr)
+            return 2
+        path = found[-1]
+    doc = json.loads(path.read_text())
+    paths = write_outputs(doc, out_dir)
+    print(f"rendered {paths['md']} from {path}")
+    return 0
+
+
+# ---- GPU measurement ---------------------------------------------------------------------------
+
+def poison_bench(b) -> None:
+    """NaN into every tensor the graph writes (outputs and intermediates) on the Bench's
+    executor, so a variant that skipped work cannot pass its check on what an earlier run left.
+    Bench has no public call for it; this mirrors the executor's debug poisoning."""
+    from megak.runtime import memory as mem
+    for tb in b.ex._tensors.values():
+        if tb.slot.kind != "input":
+            mem.memset32(tb.buf.ptr, tb.poison, tb.buf.nbytes // 4, b._h)
+    b._sync()
+
+
+def time_bench_variant(b, variant: str, reps: int, warmup: int, flush: bool) -> np.ndarray:
+    """Microseconds per run of one of the megak-side variants on Bench `b`."""
+    if variant == "megak":
+        return b.time_megakernel(reps=reps, warmup=warmup, flush_l2=flush)
+    if variant == "separate":
+        return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=False)
+    if variant == "graph":
+        return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=True)
+    raise ValueError(f"unknown Bench variant {variant!r}; allowed: megak, separate, graph")
+
+
+class TorchEnv:
+    """torch on device 0 with TF32 off, an L2 flush buffer and CUDA-event timing."""
+
+    def __init__(self):
+        import torch
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch.cuda.is_available() is False")
+        # fp32 means fp32: cuBLAS must not round operands to TF32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        self.torch = torch
+        self.device = torch.device("cuda", 0)
+        self._flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.float32, device=self.device)
+
+    def time(self, fn, reps: int, warmup: int, flush: bool) -> np.ndarray:
+        torch = self.torch
+        for _ in range(warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if flush:
+                self._flush.zero_()
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
+        return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]) * 1e3
+
+    def capture(self, fn):
+        """fn captured in a CUDA graph (warmed up on a side stream first, as capture needs)."""
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        return graph
+
+    def poison(self, case: W.TorchCase) -> None:
+        for buf in case.buffers:
+            buf.fill_(float("nan"))
+        self.torch.cuda.synchronize()
+
+    def fetch(self, case: W.TorchCase) -> dict:
+        return {"y": case.output.cpu().numpy()}
+
+    def release(self) -> None:
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".strip()
+
+
+def _reps(w, variant: str, quick: bool) -> tuple[int, int]:
+    return QUICK_REPS if quick else w.reps[variant]
+
+
+def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
+                     rng: np.random.Generator, log=print) -> tuple[list, list, list]:
+    """All variants of one workload: (results, failures, notes)."""
+    import megak
+    from megak.runtime.bench import Bench
+
+    results, failures, notes = [], [], []
+    flush = w.working_set_bytes <= L2_FLUSH_BYTES
+    inputs = w.make_inputs(rng)
+    ref = w.reference(inputs, rng)
+
+    def fail(variant, stage, exc):
+        failures.append({"workload": w.name, "variant": variant,
+                         "error": f"{stage}: {_error(exc)}"})
+        log(f"  {w.name}/{variant}: FAILED {stage}: {_error(exc)}")
+
+    def record(variant, times, err):
+        r = make_result(w.name, variant, times, w.metric, w.work, check_text(err))
+        results.append(r)
+        log(f"  {w.name}/{variant}: median {fmt(r['median_us'])} us, {fmt(r['value'])} "
+            f"{w.metric} ({r['reps']} runs, {r['check']})")
+
+    # -- megak, separate, graph: one program, one Bench, the same device buffers -------------
+    bench_variants = ("megak", "separate", "graph")
+    prog = bench = None
+    stage = "compile"
+    try:
+        prog = megak.compile(w.build(), backend="cuda")
+        if w.plan_check is not None:
+            stage = "plan check"
+            notes.append(w.plan_check(prog.plan))
+        stage = "Bench set-up"
+        bench = Bench(prog)
+        run_ok = True
+        try:
+            w.check(ref, prog.run(**inputs), "megak prog.run")
+        except Exception as exc:   # the timed megak variant would be unchecked: skip it
+            fail("megak", "prog.run before timing", exc)
+            run_ok = False
+        stage = "upload"
+        bench.upload(**inputs)
+        for v in bench_variants:
+            if v == "megak" and not run_ok:
+                continue
+            try:
+                reps, warmup = _reps(w, v, quick)
+                poison_bench(bench)
+                times = time_bench_variant(bench, v, reps, warmup, flush)
+                err = w.check(ref, bench.outputs(), f"{v} (outputs of the timed runs)")
+                record(v, times, err)
+            except Exception as exc:
+                fail(v, "timing/check", exc)
+    except Exception as exc:
+        done = {f["variant"] for f in failures} | {r["variant"] for r in results}
+        for v in bench_variants:
+            if v not in done:
+                fail(v, stage, exc)
+    finally:
+        if bench is not None:
+            try:
+                bench.close()
+            except Exception:
+                pass
+        if prog is not None:
+            prog.close()
+
+    # -- torch and torch_graph -----------------------------------------------------------------
+    if torch_env is not None:
+        case = None
+        try:
+            case = w.torch_case(inputs, torch_env.torch, torch_env.device)
+            case.run()
+            w.check(ref, torch_env.fetch(case), "torch (before timing)")
+        except Exception as exc:
+            fail("torch", "set-up/check", exc)
+            case = None
+        if case is not None:
+            try:
+                reps, warmup = _reps(w, "torch", quick)
+                torch_env.poison(case)
+                times = torch_env.time(case.run, reps, warmup, flush)
+                err = w.check(ref, torch_env.fetch(case), "torch (outputs of the timed runs)")
+                record("torch", times, err)
+            except Exception as exc:
+                fail("torch", "timing/check", exc)
+            try:
+                reps, warmup = _reps(w, "torch_graph", quick)
+                graph = torch_env.capture(case.run)
+                torch_env.poison(case)
+                times = torch_env.time(graph.replay, reps, warmup, flush)
+                err = w.check(ref, torch_env.fetch(case), "torch_graph (outputs of the timed "
+                              "runs)")
+                record("torch_graph", times, err)
+                del graph
+            except Exception as exc:
+                fail("torch_graph", "capture/timing/check", exc)
+        del case
+        torch_env.release()
+    return results, failures, notes
+
+
+def run_host_workload(w: W.HostWorkload, quick: bool, log=print) -> tuple[list, list, list]:
+    reps, warmup = (QUICK_REPS if quick else w.reps)
+    times, note = [], ""
+    try:
+        state = w.setup()
+        try:
+            for i in range(warmup + reps):
+                prepared = w.prepare(state)
+                try:
+                    t0 = time.perf_counter()
+                    product = w.step(state, prepared)
+                    dt = time.perf_counter() - t0
+                finally:
+                    w.cleanup(state, prepared)
+                note = w.check(state, product)   # every run's product, timed or not
+                if i >= warmup:
+                    times.append(dt * 1e6)
+        finally:
+            w.teardown(state)
+        r = make_result(w.name, "megak", times, w.metric, 0.0, "checked")
+    except Exception as exc:
+        log(f"  {w.name}/megak: FAILED: {_error(exc)}")
+        return [], [{"workload": w.name, "variant": "megak", "error": _error(exc)}], []
+    log(f"  {w.name}/megak: median {fmt(r['value'])} ms ({r['reps']} runs; {note})")
+    return [r], [], [note] if note else []
+
+
+# ---- machine -----------------------------------------------------------------------------------
+
+def _run_text(cmd: list[str], cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def package_versions(names=("numpy", "cuda-core", "cuda-bindings", "nvidia-cuda-nvrtc",
+                            "torch", "matplotlib")) -> dict[str, str | None]:
+    from importlib import metadata
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def machine_info(torch_env: TorchEnv | None = None) -> dict:
+    from megak.runtime.compiler import nvrtc_version
+    from megak.runtime.driver import device_info
+    info = device_info()
+    api = int(info["driver_version"])
+    smi = _run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    commit = _run_text(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR)
+    if commit and _run_text(["git", "status", "--porcelain"], cwd=REPO_DIR):
+        commit += " (with uncommitted changes)"
+    major, minor = nvrtc_version()
+    return {
+        "gpu": info["name"],
+        "sm_count": info["sm_count"],
+        "compute_capability": "%d.%d" % tuple(info["compute_capability"]),
+        "arch": info["arch"],
+        "memory_gib": round(info["total_mem"] / 2 ** 30, 1),
+        "driver_version": smi.splitlines()[0] if smi else None,
+        "cuda_driver_api": f"{api // 1000}.{api % 1000 // 10}",
+        "nvrtc": f"{major}.{minor}",
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "packages": package_versions(),
+        "torch_cuda": (torch_env.torch.version.cuda if torch_env is not None else None),
+        "torch_tf32": (False if torch_env is not None else None),
+        "megak_commit": commit,
+    }
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.report",
+                                description="megak benchmarks: megakernel vs separate launches, "
+                                            "CUDA graphs and torch/cuBLAS (needs a GPU)")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny rep counts, smaller workloads only (< 1 min)")
+    p.add_argument("--out-dir", default=str(BENCH_DIR),
+                   help="where RESULTS.md and results/ go (default: the benchmarks folder)")
+    p.add_argument("--only", nargs="+", metavar="WORKLOAD",
+                   help=f"run only these workloads (of: {', '.join(W.FACTORIES)})")
+    p.add_argument("--seed", type=int, help="input seed (default: fresh, recorded in the JSON)")
+    p.add_argument("--no-torch", action="store_true", help="skip the torch variants")
+    p.add_argument("--render-only", nargs="?", const="", metavar="JSON",
+                   help="only write RESULTS.md and the chart again, from JSON (default: the "
+                        "newest results file in OUT_DIR/results) and the newest audit; no GPU")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out_dir = Path(args.out_dir)
+    if args.render_only is not None:
+        return render_only(out_dir, args.render_only or None)
+
+    os.environ.setdefault("CUDA_PYTHON_DISABLE_VERSION_CHECK", "1")
+    from megak.runtime.driver import gpu_unusable_reason, gpu_usable
+    if not gpu_usable():
+        print(f"benchmarks.report needs a GPU: {gpu_unusable_reason()}", file=sys.stderr)
+        return 2
+    names = list(args.only) if args.only else list(W.QUICK if args.quick else W.FACTORIES)
+    unknown = [n for n in names if n not in W.FACTORIES]
+    if unknown:
+        print(f"benchmarks.report: unknown workloads {unknown}; known: "
+              f"{', '.join(W.FACTORIES)}", file=sys.stderr)
+        return 2
+
+    t_start = time.monotonic()
+    seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
+    rng = np.random.default_rng(seed)
+    skipped = []
+    torch_env = None
+    if args.no_torch:
+        skipped = [{"variant": v, "reason": "--no-torch"} for v in ("torch", "torch_graph")]
+    else:
+        try:
+            torch_env = TorchEnv()
+        except Exception as exc:   # ImportError, or a torch without CUDA
+            skipped = [{"variant": v, "reason": f"torch unavailable: {_error(exc)}"}
+                       for v in ("torch", "torch_graph")]
+    machine = machine_info(torch_env)
+    print(f"benchmarks.report: {machine['gpu']}, {len(names)} workloads, seed {seed}"
+          + (" (quick)" if args.quick else ""), flush=True)
+
+    results, failures, notes, descriptions = [], [], {}, {}
+    for name in names:
+        w = W.get(name)
+        descriptions[name] = w.description
+        t0 = time.monotonic()
+        print(f"{name}: {w.description}", flush=True)
+        try:
+            if w.kind == "host":
+                r, f, n = run_host_workload(w, args.quick)
+            else:
+                r, f, n = run_gpu_workload(w, args.quick, torch_env, rng)
+        except Exception as exc:   # inputs/reference failed: nothing of it was measured
+            traceback.print_exc()
+            r, f, n = [], [{"workload": name, "variant": "megak", "error": _error(exc)}], []
+        results += r
+        failures += f
+        if n:
+            notes[name] = n
+        print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
+
+    now = _dt.datetime.now(_dt.timezone.utc)
+    doc = {
+        "machine": machine,
+        "date": now.date().isoformat(),
+        "timestamp": now.isoformat(timespec="seconds"),
+        "command": "python -m benchmarks.report" + (" " + " ".join(argv or sys.argv[1:])
+                                                    if (argv or sys.argv[1:]) else ""),
+        "quick": bool(args.quick),
+        "seed": seed,
+        "results": results,
+        "failures": failures,
+        "skipped": skipped,
+        "not_yet_available": dict(W.NOT_YET_AVAILABLE),
+        "descriptions": descriptions,
+        "notes": notes,
+        "elapsed_s": round(time.monotonic() - t_start, 1),
+    }
+    paths = write_outputs(doc, out_dir)
+    for kind, p in paths.items():
+        print(f"wrote {p}")
+    print(f"{len(results)} results, {len(failures)} failures, "
+          f"{doc['elapsed_s']:.0f} s", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

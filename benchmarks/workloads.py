@@ -1,0 +1,580 @@
+"""The benchmark workloads: what is computed, on what inputs, and how a result is judged correct.
+
+Each GPU workload (`Workload`) gives
+
+    build()              -> megak.Graph                 (one output, named "y")
+    make_inputs(rng)     -> {input name: fresh random float32 array}
+    reference(inputs)    -> a float64 reference (+ error bound), computed once, reused by
+                            every check of every variant
+    check(ref, outputs)  -> max |err| / bound (0.0 for exact ops); raises CheckError
+    torch_case(...)      -> the same computation in torch (same shapes, fp32, TF32 off)
+    work                 -> what the metric counts (ops, flops or bytes)
+
+Error bounds. An fp32 dot product of length K, summed in any order, with or without FMA, is
+within K * u * (|a| @ |b|) of the exact result (u = 2^-24, round to nearest); we allow twice
+that: |err| <= 2 * K * 2^-24 * (|a| @ |b|) per GEMM. Along a chain x_{i+1} = x_i @ W_i the
+errors add up through the following layers:
+
+    bound_{i+1} = bound_i @ |W_i| + 2 K u * (|ref_i| + bound_i) @ |W_i|
+
+(the computed x_i is within bound_i of the exact ref_i, so |x_i| <= |ref_i| + bound_i).
+Copies and transposes move bits: they must be exact.
+
+Large GEMMs are checked on a stratified sample (one random row in every 64, all columns; one
+random column in every 64, all rows): every 128 x 128 output tile of every instruction is hit,
+at a small fraction of a float64 8192^3 product.
+
+Host workloads (`HostWorkload`, W6) time host code (lowering, NVRTC) and check its product.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+import megak
+
+U = 2.0 ** -24                 # unit roundoff of fp32
+SAMPLE_EVERY = 64              # stratified sampling: one row (column) per this many
+FULL_CHECK_MAX_MNK = 2 ** 33   # above this M*N*K, GEMM checks sample rows and columns
+EXACT_BLOCK_ROWS = 512         # transpose checks compare this many output rows at a time
+
+#: Workloads DESIGN.md section 9 sets targets for that megak cannot run yet (no bf16 dtype).
+#: They are listed as "not yet available" in RESULTS.md, never measured or faked. When megak
+#: gains bf16, add their builders below and remove them from here.
+NOT_YET_AVAILABLE: dict[str, str] = {
+    "W2-1024x16-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
+    "W2-4096x8-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
+    "W3-8192-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
+}
+
+
+class CheckError(AssertionError):
+    """A benchmark result disagrees with its float64 reference beyond the stated bound."""
+
+
+def gemm_gamma(k: int) -> float:
+    """Relative bound factor of one fp32 GEMM with inner dimension k (see module docstring)."""
+    return 2.0 * k * U
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+def _check_array(got: np.ndarray, shape: tuple, what: str) -> None:
+    if not isinstance(got, np.ndarray):
+        raise CheckError(f"{what}: expected a numpy array, got {type(got).__name__}")
+    if got.shape != tuple(shape) or got.dtype != np.float32:
+        raise CheckError(f"{what}: expected a {tuple(shape)} float32 array, "
+                         f"got {got.shape} {got.dtype}")
+
+
+def check_bounded(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str) -> float:
+    """|got - ref| <= bound everywhere (ref, bound float64). Returns max |err| / bound."""
+    got64 = got.astype(np.float64)
+    bad = ~np.isfinite(got64)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise CheckError(f"{what}: {int(bad.sum())} non-finite values, first at {idx} "
+                         f"(= {got64[idx]!r}; reference {ref[idx]:.6g})")
+    err = np.abs(got64 - ref)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a zero bound (all products zero) leaves no room: any error is a failure
+        ratio = np.where(bound > 0, err / np.where(bound > 0, bound, 1.0),
+                         np.where(err > 0, np.inf, 0.0))
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    r = float(ratio[worst])
+    if not r <= 1.0:
+        raise CheckError(f"{what}: |err| = {err[worst]:.3g} at {tuple(map(int, worst))} exceeds "
+                         f"the bound {bound[worst]:.3g} (got {got64[worst]:.9g}, float64 "
+                         f"reference {ref[worst]:.9g}); {int((ratio > 1).sum())} elements "
+                         f"out of bounds")
+    return r
+
+
+def check_exact(got: np.ndarray, expected: np.ndarray, what: str) -> float:
+    """Bit-for-bit equality (the inputs hold no NaN, so == is exact)."""
+    if not np.array_equal(got, expected):
+        idx = tuple(int(i) for i in np.argwhere(got != expected)[0])
+        raise CheckError(f"{what}: not exact: first difference at {idx}: got {got[idx]!r}, "
+                         f"expected {expected[idx]!r}; "
+                         f"{int((got != expected).sum())} elements differ")
+    return 0.0
+
+
+def check_transpose_exact(got: np.ndarray, x: np.ndarray, what: str) -> float:
+    """got == x.T exactly, compared in row blocks: a transposed view of a 1 GiB array compared
+    in one go walks memory with a 64 KiB stride and takes many seconds."""
+    for r in range(0, got.shape[0], EXACT_BLOCK_ROWS):
+        block = got[r:r + EXACT_BLOCK_ROWS]
+        expected = x[:, r:r + EXACT_BLOCK_ROWS].T
+        if not np.array_equal(block, expected):
+            i, j = (int(v) for v in np.argwhere(block != expected)[0])
+            raise CheckError(f"{what}: transpose not exact: out[{r + i}, {j}] = "
+                             f"{block[i, j]!r}, expected x[{j}, {r + i}] = {expected[i, j]!r}")
+    return 0.0
+
+
+def stratified(n: int, every: int, rng: np.random.Generator) -> np.ndarray:
+    """One random index in each run of `every` indices of range(n), plus the last index (the
+    edge tile is where bounds checks go wrong)."""
+    starts = np.arange(0, n, every)
+    stops = np.minimum(starts + every, n)
+    picks = rng.integers(starts, stops)
+    return np.unique(np.append(picks, n - 1))
+
+
+@dataclass
+class GemmReference:
+    """float64 reference of out = a @ b with its bound, full or on sampled rows/columns."""
+    shape: tuple[int, int]
+    rows: np.ndarray | None = None      # sampled row indices (None: full reference)
+    cols: np.ndarray | None = None
+    ref: np.ndarray | None = None       # full: (M, N); sampled: rows x N
+    bound: np.ndarray | None = None
+    ref_cols: np.ndarray | None = None  # sampled: M x cols
+    bound_cols: np.ndarray | None = None
+
+    def check(self, got: np.ndarray, what: str) -> float:
+        _check_array(got, self.shape, what)
+        if self.rows is None:
+            return check_bounded(got, self.ref, self.bound, what)
+        r1 = check_bounded(got[self.rows], self.ref, self.bound, f"{what} (sampled rows)")
+        r2 = check_bounded(got[:, self.cols], self.ref_cols, self.bound_cols,
+                           f"{what} (sampled columns)")
+        return max(r1, r2)
+
+
+def gemm_reference(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+                   full_max_mnk: int = FULL_CHECK_MAX_MNK) -> GemmReference:
+    m, k = a.shape
+    n = b.shape[1]
+    gamma = gemm_gamma(k)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    abs_a, abs_b = np.abs(a64), np.abs(b64)
+    if m * n * k <= full_max_mnk:
+        return GemmReference((m, n), ref=a64 @ b64, bound=gamma * (abs_a @ abs_b))
+    rows = stratified(m, SAMPLE_EVERY, rng)
+    cols = stratified(n, SAMPLE_EVERY, rng)
+    return GemmReference(
+        (m, n), rows=rows, cols=cols,
+        ref=a64[rows] @ b64, bound=gamma * (abs_a[rows] @ abs_b),
+        ref_cols=a64 @ b64[:, cols], bound_cols=gamma * (abs_a @ abs_b[:, cols]))
+
+
+def chain_reference(x: np.ndarray, weights: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """float64 reference of x @ W_0 @ W_1 ... (left to right) and its propagated bound."""
+    ref = x.astype(np.float64)
+    bound = np.zeros_like(ref)
+    for w in weights:
+        w64 = w.astype(np.float64)
+        abs_w = np.abs(w64)
+        bound = bound @ abs_w + gemm_gamma(w.shape[0]) * ((np.abs(ref) + bound) @ abs_w)
+        ref = ref @ w64
+    return ref, bound
+
+
+# ---- workloads -------------------------------------------------------------------------------
+
+def _noop(*args) -> None:
+    return None
+
+
+@dataclass
+class TorchCase:
+    """The workload in torch: ``run()`` writes ``output`` (static buffers, so the same call can
+    be captured in a CUDA graph); ``buffers`` are every tensor it writes (poisoned before timing)."""
+    run: Callable[[], None]
+    output: Any
+    buffers: list
+
+
+@dataclass
+class Workload:
+    name: str
+    description: str
+    metric: str                       # "us/op" | "us" | "TFLOP/s" | "GB/s"
+    work: float                       # ops (us/op), flops (TFLOP/s), bytes (GB/s); 0 for "us"
+    build: Callable[[], megak.Graph]
+    make_inputs: Callable[[np.random.Generator], dict[str, np.ndarray]]
+    reference: Callable[[dict, np.random.Generator], Any]
+    check: Callable[[Any, dict, str], float]
+    torch_case: Callable[[dict, Any, Any], TorchCase]
+    working_set_bytes: int
+    reps: dict = field(default_factory=dict)   # variant -> (reps, warmup)
+    plan_check: Callable[[Any], str] | None = None   # raises if the plan does not measure
+    #                                                  what the workload claims; returns a note
+    kind: str = "gpu"
+
+
+@dataclass
+class HostWorkload:
+    """Host-side work timed with perf_counter (variant "megak", metric "ms")."""
+    name: str
+    description: str
+    setup: Callable[[], Any]                    # untimed, once
+    prepare: Callable[[Any], Any]               # untimed, before every rep -> rep argument
+    step: Callable[[Any, Any], Any]             # timed: step(state, prepared) -> product
+    check: Callable[[Any, Any], str]            # check(state, product) -> note; raises
+    cleanup: Callable[[Any, Any], None]         # untimed, after every rep
+    teardown: Callable[[Any], None] = _noop     # untimed, once at the end
+    reps: tuple[int, int] = (7, 1)
+    metric: str = "ms"
+    kind: str = "host"
+
+
+# W1 -----------------------------------------------------------------------------------------
+
+def instruction_sms(plan) -> np.ndarray:
+    """SM (queue) of every instruction of `plan.instrs`, from plan.queue_start."""
+    idx = np.arange(len(plan.instrs))
+    # side="right": an empty queue shares its start with the next one; the last SM whose start
+    # is <= idx is the queue that holds idx
+    return np.searchsorted(plan.queue_start.astype(np.int64), idx, side="right") - 1
+
+
+def check_chain_on_distinct_sms(plan) -> str:
+    """W1 measures cross-SM hand-offs only if every op is one instruction and consecutive ops
+    sit on different SMs. Raises CheckError otherwise; returns a note on the placement."""
+    ops = plan.instrs["op_index"].astype(np.int64)
+    n_ops = int(ops.max()) + 1 if len(ops) else 0
+    if len(ops) != n_ops or len(np.unique(ops)) != n_ops:
+        raise CheckError(f"W1: expected one instruction per op, got {len(ops)} instructions "
+                         f"for {n_ops} ops")
+    sm = np.empty(n_ops, dtype=np.int64)
+    sm[ops] = instruction_sms(plan)
+    same = np.nonzero(sm[1:] == sm[:-1])[0]
+    if len(same):
+        i = int(same[0])
+        raise CheckError(f"W1: ops {i} and {i + 1} are both on SM {int(sm[i])}: the chain "
+                         f"would not measure cross-SM dependencies ({len(same)} such pairs)")
+    return f"{n_ops} ops on {len(np.unique(sm))} SMs, no two consecutive ops on one SM"
+
+
+def w1(n_ops: int = 1000, cols: int = 32) -> Workload:
+    def build():
+        g = megak.Graph()
+        y = g.input("x", (1, cols), "float32")
+        for _ in range(n_ops):
+            y = g.copy(y)
+        g.output(y, "y")
+        return g
+
+    def make_inputs(rng):
+        return {"x": rng.random((1, cols), dtype=np.float32) + np.float32(0.5)}
+
+    def reference(inputs, rng):
+        return inputs["x"]
+
+    def check(ref, outputs, what):
+        _check_array(outputs["y"], ref.shape, what)
+        return check_exact(outputs["y"], ref, what)
+
+    def torch_case(inputs, torch, device):
+        x = torch.from_numpy(inputs["x"]).to(device)
+        bufs = [torch.empty_like(x) for _ in range(n_ops)]
+
+        def run():
+            src = x
+            for b in bufs:
+                b.copy_(src)
+                src = b
+        return TorchCase(run, bufs[-1], bufs)
+
+    name = "W1" if (n_ops, cols) == (1000, 32) else f"W1-{n_ops}x{cols}"
+    return Workload(
+        name=name,
+        description=f"a dependent chain of {n_ops:,} copies of a (1, {cols}) fp32 tensor, "
+                    f"each op one instruction on a different SM than the op before it: the "
+                    f"cost of one cross-SM dependent step",
+        metric="us/op", work=float(n_ops), build=build, make_inputs=make_inputs,
+        reference=reference, check=check, torch_case=torch_case,
+        working_set_bytes=(n_ops + 1) * cols * 4,
+        reps={"megak": (200, 20), "separate": (20, 3), "graph": (100, 10),
+              "torch": (20, 3), "torch_graph": (100, 10)},
+        plan_check=check_chain_on_distinct_sms)
+
+
+# W2 -----------------------------------------------------------------------------------------
+
+def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
+    def build():
+        g = megak.Graph()
+        x = g.input("x", (batch, hidden), "float32")
+        for i in range(layers):
+            x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), "float32"))
+        g.output(x, "y")
+        return g
+
+    def make_inputs(rng):
+        # scaled by 1/sqrt(hidden) so activations stay O(1) through the layers
+        scale = np.float32(1.0 / np.sqrt(hidden))
+        inputs = {"x": rng.standard_normal((batch, hidden), dtype=np.float32)}
+        for i in range(layers):
+            inputs[f"w{i}"] = rng.standard_normal((hidden, hidden), dtype=np.float32) * scale
+        return inputs
+
+    def reference(inputs, rng):
+        return chain_reference(inputs["x"], [inputs[f"w{i}"] for i in range(layers)])
+
+    def check(ref, outputs, what):
+        _check_array(outputs["y"], (batch, hidden), what)
+        return check_bounded(outputs["y"], ref[0], ref[1], what)
+
+    def torch_case(inputs, torch, device):
+        x = torch.from_numpy(inputs["x"]).to(device)
+        ws = [torch.from_numpy(inputs[f"w{i}"]).to(device) for i in range(layers)]
+        bufs = [torch.empty((batch, hidden), dtype=torch.float32, device=device)
+                for _ in range(layers)]
+
+        def run():
+            src = x
+            for w, b in zip(ws, bufs):
+                torch.mm(src, w, out=b)
+                src = b
+        return TorchCase(run, bufs[-1], bufs)
+
+    flops = 2.0 * batch * hidden * hidden * layers
+    big = hidden * hidden * layers * 4 > (256 << 20)
+    return Workload(
+        name=f"W2-{hidden}x{layers}-fp32",
+        description=f"MLP-like GEMM chain, fp32: x ({batch}, {hidden}), then x = x @ W_i for "
+                    f"{layers} layers, each with its own ({hidden}, {hidden}) weight input "
+                    f"({flops / 1e9:.2f} GFLOP, {hidden * hidden * layers * 4 / 2**20:.0f} MiB "
+                    f"of weights)",
+        metric="us", work=0.0, build=build, make_inputs=make_inputs, reference=reference,
+        check=check, torch_case=torch_case,
+        working_set_bytes=(batch * hidden * (layers + 1) + hidden * hidden * layers) * 4,
+        reps={v: ((100, 10) if big else (200, 20))
+              for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+
+
+# W3 -----------------------------------------------------------------------------------------
+
+def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK) -> Workload:
+    def build():
+        g = megak.Graph()
+        g.output(g.gemm(g.input("a", (n, n), "float32"), g.input("b", (n, n), "float32")), "y")
+        return g
+
+    def make_inputs(rng):
+        return {"a": rng.standard_normal((n, n), dtype=np.float32),
+                "b": rng.standard_normal((n, n), dtype=np.float32)}
+
+    def reference(inputs, rng):
+        return gemm_reference(inputs["a"], inputs["b"], rng, full_max_mnk)
+
+    def check(ref, outputs, what):
+        return ref.check(outputs["y"], what)
+
+    def torch_case(inputs, torch, device):
+        a = torch.from_numpy(inputs["a"]).to(device)
+        b = torch.from_numpy(inputs["b"]).to(device)
+        c = torch.empty((n, n), dtype=torch.float32, device=device)
+
+        def run():
+            torch.mm(a, b, out=c)
+        return TorchCase(run, c, [c])
+
+    # ~40 ms per 8192^3 run inside the megakernel: few reps there
+    reps = (10, 2) if n >= 8192 else (20, 3)
+    return Workload(
+        name=f"W3-{n}-fp32",
+        description=f"one fp32 GEMM, M = N = K = {n} ({2.0 * n**3 / 1e12:.2f} TFLOP); "
+                    f"torch with TF32 off",
+        metric="TFLOP/s", work=2.0 * n ** 3, build=build, make_inputs=make_inputs,
+        reference=reference, check=check, torch_case=torch_case,
+        working_set_bytes=3 * n * n * 4,
+        reps={v: reps for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+
+
+# W4, W5 -------------------------------------------------------------------------------------
+
+def w4(n: int) -> Workload:
+    def build():
+        g = megak.Graph()
+        g.output(g.transpose(g.input("x", (n, n), "float32")), "y")
+        return g
+
+    def make_inputs(rng):
+        return {"x": rng.random((n, n), dtype=np.float32)}
+
+    def reference(inputs, rng):
+        return inputs["x"]
+
+    def check(x, outputs, what):
+        _check_array(outputs["y"], (n, n), what)
+        return check_transpose_exact(outputs["y"], x, what)
+
+    def torch_case(inputs, torch, device):
+        x = torch.from_numpy(inputs["x"]).to(device)
+        out = torch.empty((n, n), dtype=torch.float32, device=device)
+
+        def run():
+            out.copy_(x.t())
+        return TorchCase(run, out, [out])
+
+    return Workload(
+        name=f"W4-{n}-fp32",
+        description=f"transpose of a {n} x {n} fp32 matrix ({n * n * 4 / 2**30:.2f} GiB); "
+                    f"GB/s counts bytes read + written",
+        metric="GB/s", work=2.0 * n * n * 4, build=build, make_inputs=make_inputs,
+        reference=reference, check=check, torch_case=torch_case,
+        working_set_bytes=2 * n * n * 4,
+        reps={v: (30, 3) for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+
+
+def w5(rows: int = 16384, cols: int = 16384) -> Workload:
+    nbytes = rows * cols * 4
+
+    def build():
+        g = megak.Graph()
+        g.output(g.copy(g.input("x", (rows, cols), "float32")), "y")
+        return g
+
+    def make_inputs(rng):
+        return {"x": rng.random((rows, cols), dtype=np.float32)}
+
+    def reference(inputs, rng):
+        return inputs["x"]
+
+    def check(x, outputs, what):
+        _check_array(outputs["y"], (rows, cols), what)
+        return check_exact(outputs["y"], x, what)
+
+    def torch_case(inputs, torch, device):
+        x = torch.from_numpy(inputs["x"]).to(device)
+        out = torch.empty_like(x)
+
+        def run():
+            out.copy_(x)
+        return TorchCase(run, out, [out])
+
+    name = "W5-1GiB" if nbytes == 1 << 30 else f"W5-{rows}x{cols}"
+    return Workload(
+        name=name,
+        description=f"copy of a {rows} x {cols} fp32 tensor ({nbytes / 2**30:.2f} GiB); "
+                    f"GB/s counts bytes read + written",
+        metric="GB/s", work=2.0 * nbytes, build=build, make_inputs=make_inputs,
+        reference=reference, check=check, torch_case=torch_case,
+        working_set_bytes=2 * nbytes,
+        reps={v: (30, 3) for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+
+
+# W6 (host) ----------------------------------------------------------------------------------
+
+def w6_lower() -> HostWorkload:
+    from megak import abi
+
+    from .test_host import graph_100k, lower_schedule_encode
+
+    def check(g, product):
+        plan, data = product
+        n = len(plan.instrs)
+        if n != 100_352 or len(data) != n * abi.INSTR_BYTES:
+            raise CheckError(f"W6-lower-100k: {n} instructions, {len(data)} bytes; expected "
+                             f"100,352 and {100_352 * abi.INSTR_BYTES:,}")
+        if not np.array_equal(abi.decode(data), plan.instrs):
+            raise CheckError("W6-lower-100k: the encoded bytes do not decode to plan.instrs")
+        return f"{n:,} instructions, {len(data) / 2**20:.1f} MiB encoded, deadlock check passed"
+
+    return HostWorkload(
+        name="W6-lower-100k",
+        description="host: lowering + scheduling (132 SMs, deadlock check) + encoding of 98 "
+                    "chained 4096^2 GEMMs = 100,352 tile instructions (benchmarks/test_host.py)",
+        setup=graph_100k, prepare=_noop,
+        step=lambda g, _: lower_schedule_encode(g), check=check, cleanup=_noop, reps=(7, 1))
+
+
+def _arch() -> str:
+    from megak.runtime.compiler import DEFAULT_ARCH
+    from megak.runtime.driver import device_info, gpu_usable
+    return device_info()["arch"] if gpu_usable() else DEFAULT_ARCH
+
+
+def w6_compile_cold() -> HostWorkload:
+    from megak.runtime.compiler import compile_megakernel
+
+    def check(arch, ck):
+        if ck.from_cache or not ck.cubin:
+            raise CheckError(f"W6-compile-cold: from_cache={ck.from_cache}, "
+                             f"{len(ck.cubin)} B cubin: not a cold compile")
+        return (f"{arch}: {len(ck.cubin):,} B cubin, {ck.registers} registers, "
+                f"{ck.spill_bytes} B spilled (ptxas)")
+
+    return HostWorkload(
+        name="W6-compile-cold",
+        description="host: NVRTC compile of the megakernel to a cubin into an empty cache "
+                    "directory (a fresh temporary directory per run)",
+        setup=_arch,
+        prepare=lambda arch: tempfile.mkdtemp(prefix="megak-bench-cold-"),
+        step=lambda arch, tmp: compile_megakernel(arch=arch, cache_dir=tmp),
+        check=check,
+        cleanup=lambda arch, tmp: shutil.rmtree(tmp, ignore_errors=True),
+        reps=(3, 0))
+
+
+def w6_compile_cached() -> HostWorkload:
+    from megak.runtime.compiler import compile_megakernel
+
+    class State:
+        def __init__(self):
+            self.arch = _arch()
+            self.dir = tempfile.mkdtemp(prefix="megak-bench-cached-")
+            self.cold = compile_megakernel(arch=self.arch, cache_dir=self.dir)  # untimed
+
+    def check(st, ck):
+        if not ck.from_cache or ck.cubin != st.cold.cubin or ck.cache_key != st.cold.cache_key:
+            raise CheckError(f"W6-compile-cached: from_cache={ck.from_cache}, same cubin: "
+                             f"{ck.cubin == st.cold.cubin}: not a cache hit of the cold compile")
+        return f"cache hit, {len(ck.cubin):,} B cubin"
+
+    return HostWorkload(
+        name="W6-compile-cached",
+        description="host: compile_megakernel again with the same cache directory: source "
+                    "assembly, cache key (sha256) and cubin read from disk",
+        setup=State, prepare=_noop, step=lambda st, _: compile_megakernel(
+            arch=st.arch, cache_dir=st.dir),
+        check=check, cleanup=_noop,
+        teardown=lambda st: shutil.rmtree(st.dir, ignore_errors=True), reps=(20, 2))
+
+
+# ---- registry --------------------------------------------------------------------------------
+
+#: every workload of a full report, in run order (names as DESIGN.md section 9 and the issue)
+FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
+    "W1": w1,
+    "W2-1024x16-fp32": lambda: w2(1024, 16),
+    "W2-4096x8-fp32": lambda: w2(4096, 8),
+    "W3-4096-fp32": lambda: w3(4096),
+    "W3-8192-fp32": lambda: w3(8192),
+    "W4-16384-fp32": lambda: w4(16384),
+    "W5-1GiB": w5,
+    "W6-lower-100k": w6_lower,
+    "W6-compile-cold": w6_compile_cold,
+    "W6-compile-cached": w6_compile_cached,
+}
+
+#: the smaller workloads a --quick smoke run measures
+QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached")
+
+VARIANTS = ("megak", "separate", "graph", "torch", "torch_graph")
+
+VARIANT_DESCRIPTIONS = {
+    "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
+    "separate": "one kernel launch per graph op, same device op code (entry megak_op), "
+                "stream order as the dependency (Bench.time_separate)",
+    "graph": "the separate launches captured once in a CUDA graph and replayed "
+             "(Bench.time_separate(graph=True))",
+    "torch": "torch eager (cuBLAS for GEMMs, TF32 off), into preallocated outputs",
+    "torch_graph": "the same torch calls captured in a torch.cuda.CUDAGraph and replayed",
+}
+
+
+def get(name: str) -> Workload | HostWorkload:
+    try:
+        return FACTORIES[name]()
+    except KeyError:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(FACTORIES)}") from None
