@@ -62,7 +62,7 @@ class Target:
         return value <= self.value if self.op == "<=" else value >= self.value
 
     def text(self) -> str:
-        return f"{self.op} {fmt(self.value)} {self.metric}"
+        return f"{self.op} {fmt_short(self.value)} {self.metric}"
 
     def gap(self, value: float | None) -> str:
         """"met" or "missed by X unit (P%)", plainly."""
@@ -71,7 +71,7 @@ class Target:
         if self.met(value):
             return "met"
         short = value - self.value if self.op == "<=" else self.value - value
-        return f"missed by {fmt(short)} {self.metric} ({short / self.value:.0%})"
+        return f"missed by {fmt_short(short)} {self.metric} ({short / self.value:.0%})"
 
 
 #: megak targets, from DESIGN.md section 9 (and the foundation issue for W6): the megak
@@ -109,9 +109,14 @@ def fmt(v: float | None) -> str:
         return f"{v:.1f}"
     if a >= 10:
         return f"{v:.2f}"
-    if a >= 1:
+    if a >= 0.1:
         return f"{v:.3f}"
     return f"{v:.3g}"
+
+
+def fmt_short(v: float) -> str:
+    """Three significant digits, no exponent: target values and gaps ("0.8", "45", "3,950")."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
 def metric_value(metric: str, median_us: float, work: float) -> float:
@@ -171,7 +176,7 @@ def speeds(variants: dict[str, dict]) -> dict[str, dict]:
     for v, x in t.items():
         out[v] = {
             "vs_megak": t["megak"] / x if "megak" in t else None,
-            "vs_best_other": t[best] / x if best is not None and (v == "megak" or others) else None,
+            "vs_best_other": t[best] / x if best is not None else None,
             "best_other": best,
         }
     return out
@@ -390,13 +395,18 @@ def write_chart(doc: dict, path: Path) -> bool:
     lo, hi = 1.0, 1.0
     for k, v in enumerate(others):
         vals = [r[1].get(v) for r in rows]
-        pos = [y + (k - (len(others) - 1) / 2) * height for y in ys]
+        # first variant on top; bars grow from 1 (as fast as megak) to the variant's speed,
+        # leftwards when it is slower: the log axis makes 2x slower and 2x faster equally long
+        pos = [y - (k - (len(others) - 1) / 2) * height for y in ys]
         xs = [x if x else np.nan for x in vals]
-        ax.barh(pos, xs, height=height * 0.9, left=0, label=v, color=colors.get(v))
+        ax.barh(pos, [x - 1.0 for x in xs], height=height * 0.9, left=1.0, label=v,
+                color=colors.get(v))
         for p, x in zip(pos, xs):
             if x == x:
                 lo, hi = min(lo, x), max(hi, x)
-                ax.text(x, p, f" {x:.2g}x", va="center", fontsize=7)
+                slower = x < 1.0
+                ax.text(x, p, f"{x:.2g}x " if slower else f" {x:.2g}x", va="center",
+                        ha="right" if slower else "left", fontsize=7)
     ax.set_xscale("log")
     ax.set_xlim(lo / 2, hi * 3)
     ax.axvline(1.0, color="black", linewidth=1)
@@ -405,7 +415,7 @@ def write_chart(doc: dict, path: Path) -> bool:
     title = f"{doc['machine'].get('gpu', '')} {doc['date']}" + (" (quick)" if doc.get("quick")
                                                                  else "")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -64,13 +64,52 @@ def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue
         head += (f": waited for counter {rec['counter']} to reach {rec['expected']}, "
                  f"observed {rec['observed']}")
     lines = [head]
+    have_queues = instrs is not None and queue_start is not None and len(states) > 0
+    if code == abi.ERRORS["MK_ERR_TIMEOUT"] and have_queues:
+        lines.append(f"  producers of counter {rec['counter']}: "
+                     + _producers(rec["counter"], instrs, queue_start, states, label))
     stuck = [(sm, s) for sm, s in enumerate(states)
              if s["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] and sm != rec["sm"]]
     for sm, s in stuck[:16]:
-        lines.append(f"  SM {sm}: queue index {s['queue_index']} ({label(s['op_index'])}) "
-                     f"waits for counter {s['counter']} = {s['expected']}, "
-                     f"observed {s['observed']}")
+        line = (f"  SM {sm}: queue index {s['queue_index']} ({label(s['op_index'])}) "
+                f"waits for counter {s['counter']} = {s['expected']}, observed {s['observed']}")
+        if have_queues:
+            line += "; producers: " + _producers(s["counter"], instrs, queue_start, states,
+                                                 label)
+        lines.append(line)
     if len(stuck) > 16:
         lines.append(f"  ... and {len(stuck) - 16} more SMs waiting")
     cls = MegakernelHang if code == abi.ERRORS["MK_ERR_TIMEOUT"] else MegakernelError
     raise cls("\n".join(lines), rec, states)
+
+
+def _producers(counter: int, instrs, queue_start, states: list[dict], label, most: int = 4) -> str:
+    """Which instructions signal `counter`, and whether each has run: a producer that never
+    ran and waits itself shows the cycle; one that is simply missing shows a lost signal."""
+    import numpy as np
+    n_sig = instrs["n_signals"].astype(np.int64)
+    mask = (np.arange(abi.MAX_SIGNALS)[None, :] < n_sig[:, None]) & \
+        (instrs["signal_counter"] == counter)
+    pos = np.nonzero(mask.any(axis=1))[0]
+    if len(pos) == 0:
+        return "none: no instruction signals it (a missing producer)"
+    qs = np.asarray(queue_start, dtype=np.int64)
+    parts, pending = [], 0
+    for p in pos:
+        sm = int(np.searchsorted(qs, p, side="right") - 1)
+        q = int(p - qs[sm])
+        reached = states[sm]["queue_index"] if sm < len(states) else 0
+        done = states[sm]["error"] == abi.ERRORS["MK_OK"] or q < reached
+        if not done:
+            pending += 1
+            if len(parts) < most:
+                waiting = states[sm]["error"] == abi.ERRORS["MK_ERR_TIMEOUT"]
+                how = ("waiting itself" if q == reached and waiting else
+                       f"queued behind SM {sm} queue index {reached}, which waits" if waiting
+                       else "not reached")
+                parts.append(f"SM {sm} queue index {q} ({label(int(instrs['op_index'][p]))}, "
+                             f"{how})")
+    if pending == 0:
+        return f"all {len(pos)} ran (a signal was lost)"
+    more = f", ... {pending - len(parts)} more" if pending > len(parts) else ""
+    return f"{pending} of {len(pos)} not done: " + ", ".join(parts) + more

@@ -97,7 +97,8 @@ class SimExecutor:
             self._execute(instrs, tensors, written)
         except _Stop as stop:
             self._reset_counters()
-            raise_for_status(stop.fields, stop.states, plan.op_labels, backend="sim")
+            raise_for_status(stop.fields, stop.states, plan.op_labels, plan.instrs,
+                             plan.queue_start, backend="sim")
         except MegakernelError:
             self._reset_counters()
             raise

@@ -130,7 +130,11 @@ def test_deadlock_check_rejects_a_cross_sm_cycle():
     rec = info.value.record
     assert rec["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] and rec["queue_index"] == 0
     assert rec["expected"] == 1 and rec["observed"] == 0
-    assert "transpose" in str(info.value)
+    msg = str(info.value)
+    assert "transpose" in msg
+    # the report shows the cycle: each SM's producer is the other SM, itself waiting
+    assert msg.count("queue index 0, which waits") == 2, msg
+    assert "SM 0" in msg and "SM 1" in msg
 
 
 def test_deadlock_check_rejects_wrong_targets():

@@ -639,7 +639,7 @@ class CudaExecutor:
             self.epoch = 0
             # plain dicts: raise_for_status takes a list of records, not a numpy array
             raise_for_status(self.last_status, sm_states_to_dicts(self._sm_state_host),
-                             plan.op_labels, backend="cuda")
+                             plan.op_labels, plan.instrs, plan.queue_start, backend="cuda")
         finished = self.last_status["finished_blocks"]
         if finished != plan.n_sm:
             self._zero_counters = True
