@@ -87,7 +87,7 @@ def to_base(value: float | None, unit: str) -> float | None:
         return None
     u = (unit or "").strip()
     scale = 1.0
-    m = re.fullmatch(r"([KMGTP])(i?)([a-z].*)", u)
+    m = re.fullmatch(r"([KMGTP])(i?)([A-Za-z].*)", u)
     if m:
         prefix, binary, u = m.groups()
         power = "KMGTP".index(prefix) + 1
@@ -233,7 +233,8 @@ def render_markdown(doc: dict) -> str:
 
         def spill(entry):
             p = px.get(entry) or {}
-            if p.get("registers") is None and not p.get("spill_stores") and not p.get("spill_loads"):
+            if p.get("registers") is None and not (p.get("spill_stores") or
+                                                   p.get("spill_loads")):
                 return "n/a"
             return f"{int(p.get('spill_stores', 0)) + int(p.get('spill_loads', 0))} B"
 
@@ -246,7 +247,8 @@ def render_markdown(doc: dict) -> str:
             f"{spr('ld_sectors_per_request', 'ld_requests')} | "
             f"{spr('st_sectors_per_request', 'st_requests')} | "
             f"{spr('ldgsts_sectors_per_request', 'ldgsts_requests')} | "
-            f"{_count(d.get('smem_ld_bank_conflicts'))} / {_count(d.get('smem_st_bank_conflicts'))} | "
+            f"{_count(d.get('smem_ld_bank_conflicts'))} / "
+            f"{_count(d.get('smem_st_bank_conflicts'))} | "
             f"{_count(d.get('registers_per_thread'))} | {_count(d.get('local_bytes'))} | "
             f"{spill('megak_op')} / {spill('megakernel')} | {_f(d.get('occupancy_pct'))}% | "
             f"{_f(d.get('dram_gbps'), 0)} | {_f(d.get('duration_us'))} us | "

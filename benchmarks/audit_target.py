@@ -35,8 +35,6 @@ def main(argv: list[str]) -> int:
     from megak.runtime.bench import Bench
     from megak.runtime.compiler import parse_ptxas_log
 
-    from .report import poison_bench
-
     case = argv[0]
     w = CASES[case]()
     rng = np.random.default_rng()
@@ -46,7 +44,7 @@ def main(argv: list[str]) -> int:
         b = Bench(prog)
         try:
             b.upload(**inputs)
-            poison_bench(b)
+            b.poison()
             b.time_separate(reps=1, warmup=0, flush_l2=False)
             err = w.check(ref, b.outputs(), f"{case} (separate kernel)")
         finally:

@@ -37,13 +37,14 @@ from pathlib import Path
 
 import numpy as np
 
+from megak.runtime.bench import L2_FLUSH_BYTES   # what Bench's flush writes (no cuda import)
+
 from . import workloads as W
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
-L2_FLUSH_BYTES = 256 << 20      # as megak.runtime.bench: several times the H200's 60 MB L2
+TRACE_OVERHEAD_TARGET = 0.05    # tracing on may cost at most 5% on the W2 chains
 QUICK_REPS = (3, 1)             # (timed reps, warm-up) of every variant in a --quick run
-HIGHER_IS_BETTER = {"TFLOP/s", "GB/s"}
 METRICS = ("us/op", "us", "ms", "TFLOP/s", "GB/s")
 RESULT_KEYS = {"workload": str, "variant": str, "median_us": float, "metric": str,
                "value": float}
@@ -170,7 +171,8 @@ def speeds(variants: dict[str, dict]) -> dict[str, dict]:
     t_best / t where best is the fastest variant other than megak (for the megak row: how
     megak compares with the best alternative). None where there is nothing to compare with."""
     t = {v: r["median_us"] for v, r in variants.items()}
-    others = {v: x for v, x in t.items() if v != "megak"}
+    # megak_trace is megak itself (the traced build), not an alternative to it
+    others = {v: x for v, x in t.items() if v not in ("megak", "megak_trace")}
     best = min(others, key=others.get) if others else None
     out = {}
     for v, x in t.items():
@@ -303,6 +305,12 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
         lines.append(f"| {v} | {r.get('reps', '?')} | {fmt(r['median_us'])} | "
                      f"{fmt(r['value'])} | {vm} | {vb} | {r.get('check', '')} | "
                      f"{_target_cell(name, v, r)} |")
+    if "megak" in variants and "megak_trace" in variants:
+        cost = variants["megak_trace"]["median_us"] / variants["megak"]["median_us"] - 1
+        verdict = "met" if cost <= TRACE_OVERHEAD_TARGET else "missed"
+        lines += ["", f"Tracing on (megak_trace, the MK_TRACE=1 build) costs {100 * cost:+.1f}% "
+                      f"of the megak median (target <= {100 * TRACE_OVERHEAD_TARGET:.0f}%: "
+                      f"**{verdict}**); tracing off is a separate build with no trace code."]
     for n in notes:
         lines += ["", f"Note: {n}"]
     return lines + [""]
@@ -322,16 +330,18 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
             + (f" by `{doc['command']}`" if doc.get("command") else "")
             + (f"; raw results: `results/{json_name}`" if json_name else "") + ".", ""]
     out += _machine_lines(m) + [""]
-    out += ["How to read: every figure is the median of the timed runs (CUDA events around each "
-            "run; L2 flushed before each run where the working set is at most "
-            f"{L2_FLUSH_BYTES >> 20} MiB, so no run is served from a warm L2). "
+    out += ["How to read: every figure is the median of the timed runs, all in one process: "
+            "GPU variants with CUDA events around each run, the L2 flushed before each run "
+            f"where the working set is at most {L2_FLUSH_BYTES >> 20} MiB (bigger ones evict "
+            "it themselves; flushing them would only add the flush's dirty lines to the timed "
+            "run); host workloads (W6) with perf_counter. "
             "*speed vs megak* = t_megak / t: above 1 that variant is faster than megak. "
             "*speed vs best other* = t_best / t, best = the fastest variant other than megak: "
             "on the megak row, above 1 means megak beats every alternative. Every figure was "
-            "checked against a float64 reference (GEMMs within 2·K·2⁻²⁴·(|a|@|b|) per GEMM, "
-            "added up along chains; copies and transposes exact) after its timed runs, on "
-            "outputs poisoned with NaN beforehand. Targets are DESIGN.md section 9's, for the "
-            "megak variant.", ""]
+            "checked against a float64 reference after its timed runs, on outputs poisoned "
+            "with NaN beforehand: each GEMM within 2·K·2⁻²⁴·(|a|@|b|), a chain layer by layer "
+            "on its computed input; copies and transposes exact. Targets are DESIGN.md "
+            "section 9's, for the megak variant.", ""]
     out += ["Variants: " + "; ".join(f"**{v}**: {d}" for v, d in W.VARIANT_DESCRIPTIONS.items())
             + ".", ""]
     out += ["## Targets", ""] + render_summary(doc) + [""]
@@ -478,26 +488,18 @@ def render_only(out_dir: Path, source: str | None) -> int:
 
 # ---- GPU measurement ---------------------------------------------------------------------------
 
-def poison_bench(b) -> None:
-    """NaN into every tensor the graph writes (outputs and intermediates) on the Bench's
-    executor, so a variant that skipped work cannot pass its check on what an earlier run left.
-    Bench has no public call for it; this mirrors the executor's debug poisoning."""
-    from megak.runtime import memory as mem
-    for tb in b.ex._tensors.values():
-        if tb.slot.kind != "input":
-            mem.memset32(tb.buf.ptr, tb.poison, tb.buf.nbytes // 4, b._h)
-    b._sync()
-
-
 def time_bench_variant(b, variant: str, reps: int, warmup: int, flush: bool) -> np.ndarray:
     """Microseconds per run of one of the megak-side variants on Bench `b`."""
     if variant == "megak":
         return b.time_megakernel(reps=reps, warmup=warmup, flush_l2=flush)
+    if variant == "megak_trace":   # the MK_TRACE=1 build: what tracing costs when on
+        return b.time_megakernel(reps=reps, warmup=warmup, flush_l2=flush, trace=True)
     if variant == "separate":
         return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=False)
     if variant == "graph":
         return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=True)
-    raise ValueError(f"unknown Bench variant {variant!r}; allowed: megak, separate, graph")
+    raise ValueError(f"unknown Bench variant {variant!r}; allowed: megak, megak_trace, "
+                     f"separate, graph")
 
 
 class TorchEnv:
@@ -551,7 +553,7 @@ class TorchEnv:
         self.torch.cuda.synchronize()
 
     def fetch(self, case: W.TorchCase) -> dict:
-        return {"y": case.output.cpu().numpy()}
+        return {name: t.cpu().numpy() for name, t in case.outputs.items()}
 
     def release(self) -> None:
         self.torch.cuda.synchronize()
@@ -563,14 +565,17 @@ def _error(exc: BaseException) -> str:
 
 
 def _reps(w, variant: str, quick: bool) -> tuple[int, int]:
-    return QUICK_REPS if quick else w.reps[variant]
+    return QUICK_REPS if quick else w.reps.get(variant, w.reps.get("megak"))
 
 
 def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
-                     rng: np.random.Generator, log=print) -> tuple[list, list, list]:
-    """All variants of one workload: (results, failures, notes)."""
+                     rng: np.random.Generator, log=print, backend: str = "cuda",
+                     bench_cls=None) -> tuple[list, list, list]:
+    """All variants of one workload: (results, failures, notes). ``backend`` and ``bench_cls``
+    exist for the CPU tests (the simulator and a stand-in Bench); the report uses the GPU."""
     import megak
-    from megak.runtime.bench import Bench
+    if bench_cls is None:
+        from megak.runtime.bench import Bench as bench_cls
 
     results, failures, notes = [], [], []
     flush = w.working_set_bytes <= L2_FLUSH_BYTES
@@ -590,15 +595,17 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
 
     # -- megak, separate, graph: one program, one Bench, the same device buffers -------------
     bench_variants = ("megak", "separate", "graph")
+    if w.name.startswith("W2-"):   # tracing overhead is measured on the MLP chains
+        bench_variants = ("megak", "megak_trace", "separate", "graph")
     prog = bench = None
     stage = "compile"
     try:
-        prog = megak.compile(w.build(), backend="cuda")
+        prog = megak.compile(w.build(), backend=backend)
         if w.plan_check is not None:
             stage = "plan check"
             notes.append(w.plan_check(prog.plan))
         stage = "Bench set-up"
-        bench = Bench(prog)
+        bench = bench_cls(prog)
         run_ok = True
         try:
             w.check(ref, prog.run(**inputs), "megak prog.run")
@@ -612,7 +619,7 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
                 continue
             try:
                 reps, warmup = _reps(w, v, quick)
-                poison_bench(bench)
+                bench.poison()   # a variant that skips work then fails its check
                 times = time_bench_variant(bench, v, reps, warmup, flush)
                 err = w.check(ref, bench.outputs(), f"{v} (outputs of the timed runs)")
                 record(v, times, err)
@@ -814,7 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     results, failures, notes, descriptions = [], [], {}, {}
     for name in names:
         w = W.get(name)
-        descriptions[name] = w.description
+        descriptions[w.name] = w.description
         t0 = time.monotonic()
         print(f"{name}: {w.description}", flush=True)
         try:
@@ -824,11 +831,11 @@ def main(argv: list[str] | None = None) -> int:
                 r, f, n = run_gpu_workload(w, args.quick, torch_env, rng)
         except Exception as exc:   # inputs/reference failed: nothing of it was measured
             traceback.print_exc()
-            r, f, n = [], [{"workload": name, "variant": "megak", "error": _error(exc)}], []
+            r, f, n = [], [{"workload": w.name, "variant": "megak", "error": _error(exc)}], []
         results += r
         failures += f
         if n:
-            notes[name] = n
+            notes[w.name] = n
         print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
 
     now = _dt.datetime.now(_dt.timezone.utc)

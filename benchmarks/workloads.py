@@ -2,23 +2,27 @@
 
 Each GPU workload (`Workload`) gives
 
-    build()              -> megak.Graph                 (one output, named "y")
-    make_inputs(rng)     -> {input name: fresh random float32 array}
-    reference(inputs)    -> a float64 reference (+ error bound), computed once, reused by
-                            every check of every variant
-    check(ref, outputs)  -> max |err| / bound (0.0 for exact ops); raises CheckError
+    build()                   -> megak.Graph (result: output "y"; W2 outputs every layer)
+    make_inputs(rng)          -> {input name: fresh random float32 array}
+    reference(inputs, rng)    -> a float64 reference (+ error bound), computed once, reused
+                                 by every check of every variant
+    check(ref, outputs, what) -> max |err| / bound (0.0 for exact ops); raises CheckError
     torch_case(...)      -> the same computation in torch (same shapes, fp32, TF32 off)
     work                 -> what the metric counts (ops, flops or bytes)
 
 Error bounds. An fp32 dot product of length K, summed in any order, with or without FMA, is
 within K * u * (|a| @ |b|) of the exact result (u = 2^-24, round to nearest); we allow twice
 that: |err| <= 2 * K * 2^-24 * (|a| @ |b|) per GEMM. Along a chain x_{i+1} = x_i @ W_i the
-errors add up through the following layers:
+errors add up: layer i's error is its own rounding plus the error it inherits, carried through
+W_i. A bound carried from the inputs alone must multiply by |W_i| (row sums ~ sqrt(K) here) at
+every layer and is vacuous after a few layers, so W2 declares every layer's result a graph
+output (no extra device work: intermediates live in device memory anyway) and checks each GEMM
+on its own, against float64 of the *computed* previous layer:
 
-    bound_{i+1} = bound_i @ |W_i| + 2 K u * (|ref_i| + bound_i) @ |W_i|
+    |h_i - h_{i-1} @ W_i| <= 2 K u * (|h_{i-1}| @ |W_i|)         (h_{-1} = x, exact)
 
-(the computed x_i is within bound_i of the exact ref_i, so |x_i| <= |ref_i| + bound_i).
-Copies and transposes move bits: they must be exact.
+which is rigorous and tight for every layer, whatever the depth. Copies and transposes move
+bits: they must be exact.
 
 Large GEMMs are checked on a stratified sample (one random row in every 64, all columns; one
 random column in every 64, all rows): every 128 x 128 output tile of every instruction is hit,
@@ -42,13 +46,14 @@ SAMPLE_EVERY = 64              # stratified sampling: one row (column) per this 
 FULL_CHECK_MAX_MNK = 2 ** 33   # above this M*N*K, GEMM checks sample rows and columns
 EXACT_BLOCK_ROWS = 512         # transpose checks compare this many output rows at a time
 
-#: Workloads DESIGN.md section 9 sets targets for that megak cannot run yet (no bf16 dtype).
-#: They are listed as "not yet available" in RESULTS.md, never measured or faked. When megak
-#: gains bf16, add their builders below and remove them from here.
+#: Workloads DESIGN.md section 9 sets targets for that this suite does not measure yet (bf16).
+#: They are listed as "not yet available" in RESULTS.md, never measured or faked. When bf16
+#: GEMMs run on the device, add their builders below and remove them from here.
+_NO_BF16 = "no bf16 benchmark yet: it is added here once bf16 GEMMs run on the device"
 NOT_YET_AVAILABLE: dict[str, str] = {
-    "W2-1024x16-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
-    "W2-4096x8-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
-    "W3-8192-bf16": "megak has no bfloat16 dtype yet (graph.SUPPORTED_DTYPES)",
+    "W2-1024x16-bf16": _NO_BF16,
+    "W2-4096x8-bf16": _NO_BF16,
+    "W3-8192-bf16": _NO_BF16,
 }
 
 
@@ -164,16 +169,32 @@ def gemm_reference(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
         ref_cols=a64 @ b64[:, cols], bound_cols=gamma * (abs_a @ abs_b[:, cols]))
 
 
-def chain_reference(x: np.ndarray, weights: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """float64 reference of x @ W_0 @ W_1 ... (left to right) and its propagated bound."""
-    ref = x.astype(np.float64)
-    bound = np.zeros_like(ref)
-    for w in weights:
-        w64 = w.astype(np.float64)
-        abs_w = np.abs(w64)
-        bound = bound @ abs_w + gemm_gamma(w.shape[0]) * ((np.abs(ref) + bound) @ abs_w)
-        ref = ref @ w64
-    return ref, bound
+@dataclass
+class ChainReference:
+    """Per-layer check of h_i = h_{i-1} @ W_i (h_{-1} = x, the last h is "y"): float64
+    weights (and their absolute values) converted once and reused by every check."""
+    x: np.ndarray
+    weights64: list[np.ndarray]
+    abs_weights64: list[np.ndarray]
+    names: list[str]                 # output name of each layer's result
+
+    def check(self, outputs: dict, what: str) -> float:
+        prev = self.x.astype(np.float64)
+        worst = 0.0
+        for i, (w64, aw64, name) in enumerate(zip(self.weights64, self.abs_weights64,
+                                                   self.names)):
+            got = outputs[name]
+            _check_array(got, (prev.shape[0], w64.shape[1]), f"{what}, layer {i} ({name})")
+            bound = gemm_gamma(w64.shape[0]) * (np.abs(prev) @ aw64)
+            worst = max(worst, check_bounded(got, prev @ w64, bound,
+                                             f"{what}, layer {i} ({name})"))
+            prev = got.astype(np.float64)   # the next layer's input is what was computed
+        return worst
+
+
+def chain_reference(x: np.ndarray, weights: list[np.ndarray], names: list[str]) -> ChainReference:
+    w64 = [w.astype(np.float64) for w in weights]
+    return ChainReference(x, w64, [np.abs(w) for w in w64], list(names))
 
 
 # ---- workloads -------------------------------------------------------------------------------
@@ -184,10 +205,11 @@ def _noop(*args) -> None:
 
 @dataclass
 class TorchCase:
-    """The workload in torch: ``run()`` writes ``output`` (static buffers, so the same call can
-    be captured in a CUDA graph); ``buffers`` are every tensor it writes (poisoned before timing)."""
+    """The workload in torch: ``run()`` writes ``outputs`` (output name -> tensor; static
+    buffers, so the same call can be captured in a CUDA graph); ``buffers`` are every tensor it
+    writes (poisoned before timing)."""
     run: Callable[[], None]
-    output: Any
+    outputs: dict
     buffers: list
 
 
@@ -281,7 +303,7 @@ def w1(n_ops: int = 1000, cols: int = 32) -> Workload:
             for b in bufs:
                 b.copy_(src)
                 src = b
-        return TorchCase(run, bufs[-1], bufs)
+        return TorchCase(run, {"y": bufs[-1]}, bufs)
 
     name = "W1" if (n_ops, cols) == (1000, 32) else f"W1-{n_ops}x{cols}"
     return Workload(
@@ -300,12 +322,15 @@ def w1(n_ops: int = 1000, cols: int = 32) -> Workload:
 # W2 -----------------------------------------------------------------------------------------
 
 def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
+    # every layer's result is an output (see the module docstring): h0 .. h{L-2}, then y
+    names = [f"h{i}" for i in range(layers - 1)] + ["y"]
+
     def build():
         g = megak.Graph()
         x = g.input("x", (batch, hidden), "float32")
         for i in range(layers):
             x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), "float32"))
-        g.output(x, "y")
+            g.output(x, names[i])
         return g
 
     def make_inputs(rng):
@@ -317,11 +342,10 @@ def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
         return inputs
 
     def reference(inputs, rng):
-        return chain_reference(inputs["x"], [inputs[f"w{i}"] for i in range(layers)])
+        return chain_reference(inputs["x"], [inputs[f"w{i}"] for i in range(layers)], names)
 
     def check(ref, outputs, what):
-        _check_array(outputs["y"], (batch, hidden), what)
-        return check_bounded(outputs["y"], ref[0], ref[1], what)
+        return ref.check(outputs, what)
 
     def torch_case(inputs, torch, device):
         x = torch.from_numpy(inputs["x"]).to(device)
@@ -334,7 +358,7 @@ def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
             for w, b in zip(ws, bufs):
                 torch.mm(src, w, out=b)
                 src = b
-        return TorchCase(run, bufs[-1], bufs)
+        return TorchCase(run, dict(zip(names, bufs)), bufs)
 
     flops = 2.0 * batch * hidden * hidden * layers
     big = hidden * hidden * layers * 4 > (256 << 20)
@@ -342,6 +366,7 @@ def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
         name=f"W2-{hidden}x{layers}-fp32",
         description=f"MLP-like GEMM chain, fp32: x ({batch}, {hidden}), then x = x @ W_i for "
                     f"{layers} layers, each with its own ({hidden}, {hidden}) weight input "
+                    f"(every layer's result an output, to check each GEMM) "
                     f"({flops / 1e9:.2f} GFLOP, {hidden * hidden * layers * 4 / 2**20:.0f} MiB "
                     f"of weights)",
         metric="us", work=0.0, build=build, make_inputs=make_inputs, reference=reference,
@@ -376,7 +401,7 @@ def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK) -> Workload:
 
         def run():
             torch.mm(a, b, out=c)
-        return TorchCase(run, c, [c])
+        return TorchCase(run, {"y": c}, [c])
 
     # ~40 ms per 8192^3 run inside the megakernel: few reps there
     reps = (10, 2) if n >= 8192 else (20, 3)
@@ -414,7 +439,7 @@ def w4(n: int) -> Workload:
 
         def run():
             out.copy_(x.t())
-        return TorchCase(run, out, [out])
+        return TorchCase(run, {"y": out}, [out])
 
     return Workload(
         name=f"W4-{n}-fp32",
@@ -450,7 +475,7 @@ def w5(rows: int = 16384, cols: int = 16384) -> Workload:
 
         def run():
             out.copy_(x)
-        return TorchCase(run, out, [out])
+        return TorchCase(run, {"y": out}, [out])
 
     name = "W5-1GiB" if nbytes == 1 << 30 else f"W5-{rows}x{cols}"
     return Workload(
@@ -560,7 +585,7 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
 #: the smaller workloads a --quick smoke run measures
 QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached")
 
-VARIANTS = ("megak", "separate", "graph", "torch", "torch_graph")
+VARIANTS = ("megak", "megak_trace", "separate", "graph", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",

@@ -271,12 +271,12 @@ class SimExecutor:
         if not bad and int(rec["opcode"]) != abi.OP_NOP:
             used = [abi.ARG_A, abi.ARG_OUT]
             if int(rec["opcode"]) == abi.OP_GEMM:
-                used.append(abi.ARG_B)
-                if int(rec["flags"]) & abi.FLAG_BIAS:
-                    used.append(abi.ARG_BIAS)
-                if int(rec["flags"]) & abi.FLAG_RESIDUAL:
-                    used.append(abi.ARG_RESIDUAL)
-            bad = any(int(rec["tensor"][k]) >= len(plan.tensors) for k in used)
+                # every GEMM operand slot is checked, used by the epilogue or not (as the
+                # device does: it prefetches all five descriptors)
+                used += [abi.ARG_B, abi.ARG_BIAS, abi.ARG_RESIDUAL]
+                act = (int(rec["flags"]) & abi.FLAG_ACT_MASK) >> abi.FLAG_ACT_SHIFT
+                bad = act not in abi.ACTIVATIONS.values()
+            bad = bad or any(int(rec["tensor"][k]) >= len(plan.tensors) for k in used)
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
 

@@ -91,7 +91,9 @@ def test_missing_dependency_is_caught_as_a_race(rng):
     g, _ = two_stage()
     caught = 0
     for seed in range(12):
-        prog = megak.compile(g, backend="sim", n_sm=4, order="random", seed=seed)
+        # 3 SMs: queues of unequal length (4 SMs would get one transpose then one gemm tile
+        # each, run in lockstep rounds: no consumer could ever overtake its producer)
+        prog = megak.compile(g, backend="sim", n_sm=3, order="random", seed=seed)
         prog.plan.instrs["n_waits"][:] = 0        # drop every dependency
         prog.plan.counter_targets[:] = 0
         try:
@@ -112,7 +114,7 @@ def test_random_orders_agree_with_round_robin(rng):
 
 
 def test_two_slots_overlap_pages_and_respect_the_budget(rng):
-    # copy (0 pages), transpose (1) and gemm (4) share an SM; two slots may hold 5 at once
+    # copy, transpose and gemm (4 pages each) share an SM; two slots may hold 8 at once
     _, prog = two_stage(n_sm=1)
     prog.run(**inputs(rng))
     peak = prog._executor.last_peak_pages[0]
@@ -140,3 +142,13 @@ def test_order_is_validated():
     _, prog = two_stage()
     with pytest.raises(ValueError, match="round_robin"):
         SimExecutor(prog.plan, order="chaos")
+
+
+def test_bad_activation_is_a_bad_descriptor(rng):
+    _, prog = two_stage()
+    ins = prog.plan.instrs
+    i = int(np.nonzero(ins["opcode"] == abi.OP_GEMM)[0][0])
+    ins["flags"][i] |= 9 << abi.FLAG_ACT_SHIFT
+    with pytest.raises(MegakernelError) as info:
+        prog.run(**inputs(rng))
+    assert info.value.record["error"] == abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"]

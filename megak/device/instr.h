@@ -44,10 +44,11 @@ enum mk_op_shapes {
     MK_GEMM_TILE_M = 128,
     MK_GEMM_TILE_N = 128,
     MK_GEMM_PAGES = 4,         /* fp32: double-buffered A^T and B k-slices, one page each */
-    MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): pages of the bf16 pipeline */
-    MK_TRANSPOSE_TILE = 64,    /* 64 x 64 fp32 = exactly one page */
-    MK_TRANSPOSE_PAGES = 1,
-    MK_COPY_PAGES = 0          /* global -> global, registers only */
+    MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): 4-stage cp.async ring, a 32-deep k slice
+                                  of A and B per page; must stay <= MK_GEMM_PAGES */
+    MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
+    MK_TRANSPOSE_PAGES = 4,    /* the region's A tile, 32 rows of 512 B per page */
+    MK_COPY_PAGES = 4          /* staging ring: 64 KiB of loads in flight per SM */
 };
 
 enum mk_opcode {
@@ -63,8 +64,8 @@ enum mk_operand {
     MK_ARG_A = 0,        /* first input (copy/transpose source, GEMM left) */
     MK_ARG_B = 1,        /* GEMM right */
     MK_ARG_OUT = 2,      /* output */
-    MK_ARG_BIAS = 3,     /* GEMM epilogue bias (reserved) */
-    MK_ARG_RESIDUAL = 4, /* GEMM epilogue residual (reserved) */
+    MK_ARG_BIAS = 3,     /* GEMM epilogue bias (1 x N), read with MK_FLAG_BIAS */
+    MK_ARG_RESIDUAL = 4, /* GEMM epilogue residual (M x N), read with MK_FLAG_RESIDUAL */
     MK_ARG_SPARE = 5
 };
 

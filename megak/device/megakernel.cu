@@ -11,14 +11,14 @@
  *   ------           ------------------               ---------------
  *   1. prefetch record q+1 (cp.async)
  *                    2. validate record q
- *                    3. wait for its counters
- *                    4. acquire its pages
+ *                    3. acquire its pages (free: instructions run one at a time)
+ *                    4. wait for its counters (relaxed polls, then fence.acquire)
  *   (operands of q landed)            ---- barrier B ----
  *                                                      5. run the op
  *   (record q+1 landed;
  *    fetch operand descriptors of q+1) ---- barrier A ----
- *                    6. release pages
- *                    7. signal counters (fence + red.release)
+ *                    6. signal counters (fence.release + red per counter)
+ *                    7. release pages
  *
  * Errors never trap: the first one wins status->error (atomicCAS), its block fills the status
  * record and raises status->abort; blocks spinning on a counter see the flag and stop. Every
@@ -92,7 +92,11 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
 }
 
 /* Step 2. Everything checkable from the record alone (no global loads on the hot path), in
- * the simulator's order: opcode, page budget, descriptor. */
+ * the simulator's order: opcode, page budget, descriptor. Thread 0 runs this while the other
+ * 255 threads wait at barrier B, once per instruction: so the descriptor checks are one
+ * branch-free expression (all its shared loads in flight together) rather than a chain of
+ * early returns, each waiting for its own load. Entries past n_waits / n_signals are read
+ * and ignored (the record is always 128 bytes). */
 __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_params& p,
                                               mk_u32* expected, mk_u32* observed)
 {
@@ -103,23 +107,22 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
         *observed = p.n_pages;
         return MK_ERR_PAGES;
     }
-    if (in.n_waits > MK_MAX_WAITS || in.n_signals > MK_MAX_SIGNALS)
-        return MK_ERR_BAD_DESCRIPTOR;
-    for (mk_u32 i = 0; i < in.n_waits; ++i)
-        if (in.wait_counter[i] >= p.n_counters)
-            return MK_ERR_BAD_DESCRIPTOR;
-    for (mk_u32 i = 0; i < in.n_signals; ++i)
-        if (in.signal_counter[i] >= p.n_counters)
-            return MK_ERR_BAD_DESCRIPTOR;
+    const mk_u32 n_waits = in.n_waits, n_signals = in.n_signals, n_counters = p.n_counters;
+    bool bad = (n_waits > MK_MAX_WAITS) | (n_signals > MK_MAX_SIGNALS);
+#pragma unroll
+    for (mk_u32 i = 0; i < MK_MAX_WAITS; ++i)
+        bad |= (i < n_waits) & (in.wait_counter[i] >= n_counters);
+#pragma unroll
+    for (mk_u32 i = 0; i < MK_MAX_SIGNALS; ++i)
+        bad |= (i < n_signals) & (in.signal_counter[i] >= n_counters);
     const mk_u32 used = mk_op_operands(in.opcode);
+#pragma unroll
     for (mk_u32 i = 0; i < MK_MAX_TENSORS; ++i)
-        if (((used >> i) & 1u) && in.tensor[i] >= p.n_tensors)
-            return MK_ERR_BAD_DESCRIPTOR;
+        bad |= (((used >> i) & 1u) != 0u) & (in.tensor[i] >= p.n_tensors);
     /* Region limits, and at least the pages the op writes to: a record that lies about
      * either would make the op scribble over shared memory. */
-    if (!mk_op_check(in) || in.pages < mk_op_pages(in.opcode))
-        return MK_ERR_BAD_DESCRIPTOR;
-    return MK_OK;
+    bad |= !mk_op_check(in) | (in.pages < mk_op_pages(in.opcode));
+    return bad ? MK_ERR_BAD_DESCRIPTOR : MK_OK;
 }
 
 /* Warp 0: copy the operand descriptors of slot s's record from the tensor table
@@ -181,34 +184,55 @@ __device__ void mk_stop(const mk_params& p, const mk_stop_info& e)
     s->error = e.error;
 }
 
-/* Step 3, thread 0: wait until counter - target >= 0 (wrap-safe), bounded by the deadline and
- * by the global abort flag. Returns MK_OK, MK_ERR_TIMEOUT or MK_ERR_ABORTED. */
+/* Step 4, thread 0: wait until counter - target >= 0 (wrap-safe), bounded by the deadline and
+ * by the global abort flag. Returns MK_OK, MK_ERR_TIMEOUT or MK_ERR_ABORTED.
+ *
+ * Detection latency is on the critical path of every cross-SM hand-off, and a consumer
+ * usually waits long (in a chain across SMs its producer is a whole round of SMs behind), so
+ * the whole wait is tuned for it, not only its first microsecond:
+ *  - one relaxed poll in flight at a time, back to back, and the acquire (fence.acquire, an
+ *    L1 invalidation) once, on success. More polls in flight would not help: the acquire
+ *    waits for every load the thread has in flight (sync.cuh);
+ *  - no sleep: a nanosleep adds its length to the detection. Only a wait older than
+ *    MK_WAIT_HOT_NS sleeps a little per poll, to spare L2 when SMs idle for long;
+ *  - the abort flag (one word every waiting SM polls) is loaded every MK_WAIT_FLAG_EVERY
+ *    polls, in flight together with the poll: the old loop paid a serial round trip for it
+ *    on every poll, about half of the hand-off. */
+enum { MK_WAIT_HOT_NS = 1000000, MK_WAIT_COLD_SLEEP_NS = 256, MK_WAIT_FLAG_EVERY = 8 };
+
+__device__ __forceinline__ bool mk_reached(mk_u32 v, mk_u32 target)
+{
+    return (int)(v - target) >= 0;
+}
+
 __device__ __forceinline__ mk_u32 mk_wait(const mk_params& p, mk_u32* counter, mk_u32 target,
                                           mk_u32* observed)
 {
-    mk_u32 v = mk_ld_acquire(counter);
-    if ((int)(v - target) >= 0)
+    mk_u32 v = mk_ld_relaxed(counter);
+    if (mk_reached(v, target)) {
+        mk_fence_acquire();
         return MK_OK;
+    }
     const mk_u64 start = mk_globaltimer();
     const mk_u64 deadline = start + p.timeout_ns >= start ? start + p.timeout_ns : ~0ull;
+    const mk_u64 cold = start + MK_WAIT_HOT_NS;
     const mk_u32* abort_flag = &reinterpret_cast<mk_status*>(p.status)->abort;
-    /* Back off a little: a poll is an L2 round trip anyway, the sleep mostly spares L2
-     * bandwidth when 131 SMs poll; capped low because hand-off latency is the target. */
-    unsigned ns = 32;
-    for (;;) {
-        if (mk_ld_relaxed(abort_flag) != 0u) {
-            *observed = v;
-            return MK_ERR_ABORTED;
-        }
-        if (mk_globaltimer() > deadline) {
-            *observed = v;
-            return MK_ERR_TIMEOUT;
-        }
-        __nanosleep(ns);
-        ns = ns < 128 ? 2 * ns : 128;
-        v = mk_ld_acquire(counter);
-        if ((int)(v - target) >= 0)
+    for (mk_u32 n = 0;; ++n) {
+        const bool check_flag = n % MK_WAIT_FLAG_EVERY == 0;
+        const mk_u32 flag = check_flag ? mk_ld_relaxed(abort_flag) : 0u;
+        v = mk_ld_relaxed(counter);
+        if (mk_reached(v, target)) {
+            mk_fence_acquire();
             return MK_OK;
+        }
+        *observed = v;
+        if (flag != 0u)
+            return MK_ERR_ABORTED;
+        const mk_u64 now = mk_globaltimer();
+        if (now > deadline)
+            return MK_ERR_TIMEOUT;
+        if (now > cold)
+            __nanosleep(MK_WAIT_COLD_SLEEP_NS);
     }
 }
 
@@ -282,7 +306,15 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
                 e.error = mk_validate(s.ins, p, &e.expected, &e.observed);
                 if (e.error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))
                     e.error = MK_ERR_BAD_DESCRIPTOR;
-                /* 3. wait: target is this run's share, (epoch + 1) * t (u32, wraps). t = 0
+                /* 3. acquire pages, before the wait: they do not depend on it, and a dozen
+                 * dependent bit operations here would otherwise sit between a producer's
+                 * signal and this instruction's first load */
+                if (e.error == MK_OK && !mk_pages_acquire(&ctl.free_pages, s.page, s.ins.pages)) {
+                    e.error = MK_ERR_PAGES;
+                    e.expected = s.ins.pages;
+                    e.observed = (mk_u32)__popc(ctl.free_pages);
+                }
+                /* 4. wait: target is this run's share, (epoch + 1) * t (u32, wraps). t = 0
                  * means "nothing to wait for" (skipped: the signed test would misread a
                  * counter past 2^31 as behind). */
                 for (mk_u32 i = 0; e.error == MK_OK && i < s.ins.n_waits; ++i) {
@@ -300,13 +332,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
                     }
                 }
                 mk_trace_mark(MK_T_WAITED);
-                /* 4. acquire pages */
-                if (e.error == MK_OK && !mk_pages_acquire(&ctl.free_pages, s.page, s.ins.pages)) {
-                    e.error = MK_ERR_PAGES;
-                    e.expected = s.ins.pages;
-                    e.observed = (mk_u32)__popc(ctl.free_pages);
-                }
-                mk_trace_mark(MK_T_ACQUIRED);
+                mk_trace_mark(MK_T_ACQUIRED);   /* held since step 3 */
                 if (e.error != MK_OK) {
                     mk_stop(p, e);
                     stop = 1;
@@ -348,17 +374,23 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
                 ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
             const mk_u32 in_use = (mk_u32)__popc(mk_all_pages_mask(p.n_pages) & ~ctl.free_pages);
 #endif
-            /* 6. release pages (test hook: keep the last one) */
+            /* 6. signal, first (consumers on other SMs wait for it; the pages are local):
+             * the barrier ordered the block's writes before this thread; the fence makes
+             * them visible at gpu scope before the counters move (one MEMBAR for all). */
+            const mk_u32 n_signals = s.ins.n_signals;
+            if (n_signals > 0)
+                mk_fence_release();
+#if MK_TRACE
+            /* stored: results visible, counters not yet moved, so no consumer's "waited"
+             * can ever read an earlier clock than its producer's "stored" */
+            const mk_u64 t_stored = mk_globaltimer();
+#endif
+            for (mk_u32 i = 0; i < n_signals; ++i)
+                mk_red_relaxed_add(reinterpret_cast<mk_u32*>(p.counters) +
+                                   s.ins.signal_counter[i], 1u);
+            /* 7. release pages (test hook: keep the last one) */
             mk_u32 keep = (s.ins.flags & MK_FLAG_DEBUG_LEAK_PAGE) && s.ins.pages > 0 ? 1u : 0u;
             mk_pages_release(&ctl.free_pages, s.page, s.ins.pages - keep);
-            /* 7. signal: the barrier ordered the block's writes before this thread; the
-             * fence makes them visible at gpu scope before the counters move. */
-            if (s.ins.n_signals > 0) {
-                mk_fence_acq_rel();
-                for (mk_u32 i = 0; i < s.ins.n_signals; ++i)
-                    mk_red_release_add(reinterpret_cast<mk_u32*>(p.counters) +
-                                       s.ins.signal_counter[i], 1u);
-            }
 #if MK_TRACE
             mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + q_begin + q;
             ev->queue_index = q;
@@ -369,7 +401,7 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
             ev->op_index = s.ins.op_index;
             for (int ph = 0; ph < MK_T_STORED; ++ph)
                 ev->t[ph] = ctl.trace_t[ph];
-            ev->t[MK_T_STORED] = mk_globaltimer();
+            ev->t[MK_T_STORED] = t_stored;
 #endif
         }
         if (warp == 0)

@@ -3,13 +3,17 @@
  * Everything that touches memory shared between SMs goes through these few functions, so the
  * ordering contract is visible in one place:
  *
- *   producer: all threads' global writes -> __syncthreads() -> one thread: mk_fence_acq_rel()
- *             + mk_red_release_add(counter, 1)
- *   consumer: one thread spins on mk_ld_acquire(counter) -> __syncthreads() -> everyone reads
+ *   producer: all threads' global writes -> __syncthreads() -> one thread: mk_fence_release()
+ *             + mk_red_relaxed_add(counter, 1) per counter (fence + strong write = a release
+ *             pattern: one MEMBAR, where red.release would repeat it per counter)
+ *   consumer: one thread spins on mk_ld_relaxed(counter) until it is reached, then
+ *             mk_fence_acquire() (strong read + fence = an acquire pattern; same as a last
+ *             ld.acquire) -> __syncthreads() -> everyone reads
  *
  * Tensor data that other SMs write during the kernel is read with mk_ld_f / mk_ld_f4: explicit
- * weak `ld.global`. Never `.nc`/__ldg: the read-only path may serve stale lines. Weak loads are
- * safe: the consumer's ld.acquire.gpu invalidates the SM's L1 before the barrier that releases
+ * weak `ld.global`, or the equally weak cp.async copies into pages (mk_cp_async_f4 / _f4z / _f).
+ * Never `.nc`/__ldg: the read-only path may serve stale lines. Weak loads are
+ * safe: the consumer's acquire invalidates the SM's L1 before the barrier that releases
  * the other threads (PTX memory model, causality through bar.sync). We spell the loads in PTX
  * because tensor pointers come out of descriptors (plain u64): NVVM cannot prove they are
  * global (it would emit generic loads) and must never "prove" them read-only (.nc).
@@ -48,9 +52,33 @@ __device__ __forceinline__ void mk_fence_acq_rel()
     asm volatile("fence.acq_rel.gpu;" : : : "memory");
 }
 
+/* The one-way halves (PTX 8.6+, sm_90; NVRTC 13.0 has them). In the PTX model a strong write
+ * after fence.release is a release pattern, and a strong read followed by fence.acquire an
+ * acquire pattern. On sm_90 fence.release is MEMBAR.ALL.GPU alone and fence.acquire is
+ * CCTL.IVALL alone (the L1 invalidation that ld.acquire appends to every load), so a poll loop
+ * of relaxed loads pays the acquire once, on success. CCTL.IVALL waits for every load the
+ * thread has in flight: nothing useful can be pipelined past it. */
+__device__ __forceinline__ void mk_fence_release()
+{
+    asm volatile("fence.release.gpu;" : : : "memory");
+}
+
+__device__ __forceinline__ void mk_fence_acquire()
+{
+    asm volatile("fence.acquire.gpu;" : : : "memory");
+}
+
 __device__ __forceinline__ void mk_red_release_add(mk_u32* p, mk_u32 v)
 {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
+/* Strong (gpu scope) but unordered add. Only right after mk_fence_release(): fence + strong
+ * write is a release pattern in the PTX model, and red.release would add a second
+ * MEMBAR.ALL.GPU per counter (sm_90 SASS) that orders nothing more. */
+__device__ __forceinline__ void mk_red_relaxed_add(mk_u32* p, mk_u32 v)
+{
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 
 /* Nanoseconds, the same clock on every SM: deadlines of spin loops. */
@@ -58,6 +86,14 @@ __device__ __forceinline__ mk_u64 mk_globaltimer()
 {
     mk_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+/* SM cycles: short busy delays where %globaltimer is too coarse. */
+__device__ __forceinline__ mk_u32 mk_clock()
+{
+    mk_u32 t;
+    asm volatile("mov.u32 %0, %%clock;" : "=r"(t));
     return t;
 }
 
@@ -105,6 +141,44 @@ __device__ __forceinline__ void mk_cp_async_wait_group()
 __device__ __forceinline__ void mk_cp_async_wait_all()
 {
     asm volatile("cp.async.wait_all;" : : : "memory");
+}
+
+/* ---- tensor data through pages (copy, transpose) ---------------------------------------- *
+ * cp.async is a weak generic-proxy access like mk_ld_f4 (not the async proxy of TMA), so the
+ * consumer contract above covers it: data another SM produced is read only after this block's
+ * acquire + barrier. .cg reads at L2 and never allocates in L1. The shared addresses are
+ * 32-bit (mk_smem_addr); 16-byte copies need both addresses 16-B aligned. */
+__device__ __forceinline__ void mk_cp_async_f4(mk_u32 smem, const float* gmem)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(smem), "l"(gmem) : "memory");
+}
+
+/* Reads only the first src_bytes (< 16) and zero-fills the rest; the chunk start must still be
+ * 16-B aligned. Costs a few instructions more than mk_cp_async_f4: edges only. */
+__device__ __forceinline__ void mk_cp_async_f4z(mk_u32 smem, const float* gmem, mk_u32 src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                 : : "r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void mk_cp_async_f(mk_u32 smem, const float* gmem)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(smem), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ float mk_lds_f(mk_u32 smem)
+{
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ float4 mk_lds_f4(mk_u32 smem)
+{
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem) : "memory");
+    return v;
 }
 
 /* ---- tensor data ------------------------------------------------------------------------ */

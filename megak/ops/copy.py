@@ -1,6 +1,7 @@
 """Copy: out = x, lowered into bands of whole rows of about COPY_CHUNK_BYTES each, large enough
 that per-instruction overhead is small against the bytes moved, small enough to spread a big
-copy over every SM. Copies need no pages: data goes global -> registers -> global."""
+copy over every SM. A copy holds PAGES pages (instr.h): the device streams the data through them
+as a ring of asynchronous copies, 64 KiB of loads in flight per SM."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
-"""Transpose: out = x^T, lowered into 64 x 64 tiles in output coordinates; each tile goes
-through one shared-memory page on the device (exactly 64 * 64 fp32)."""
+"""Transpose: out = x^T, lowered into TILE x TILE tiles in output coordinates (128, from
+instr.h); each tile goes through PAGES shared-memory pages on the device (128 * 128 fp32 =
+4 pages): the whole tile's loads are in flight at once, which is what sets the bandwidth."""
 from __future__ import annotations
 
 import numpy as np

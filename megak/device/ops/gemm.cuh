@@ -1,22 +1,31 @@
-/* MK_OP_GEMM: out[m, n] = sum_{k in [k0, k0 + klen)} A[m, k] * B[k, n]
+/* MK_OP_GEMM: out[m, n] = act(sum_{k in [k0, k0 + klen)} A[m, k] * B[k, n] + bias[0, n])
+ *                         + residual[m, n]
  *   for m in [row0, row0 + rows), n in [col0, col0 + cols); rows, cols <= 128; fp32
- *   accumulate; the result overwrites out. Operands: A (M x K), B (K x N), OUT (M x N).
- *   Four pages: As0 Bs0 As1 Bs1 (two stages of a 32-deep k tile).
+ *   accumulate; the result overwrites out, rounded to out's dtype. Operands: A (M x K),
+ *   B (K x N), OUT (M x N), BIAS (1 x N, with MK_FLAG_BIAS), RESIDUAL (M x N, with
+ *   MK_FLAG_RESIDUAL); activation in the flags (gemm_epilogue.cuh). A and B are both fp32
+ *   (this file, FMA pipes) or both bf16 (gemm_bf16.cuh, tensor cores); bias, residual and out
+ *   are each fp32 or bf16. Four pages either way (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES).
  *
- * Classic register-blocked SGEMM, one 128 x 128 output tile per instruction:
+ * Every slot of MK_GEMM_OPERANDS, bias and residual included, must name a valid tensor (the
+ * interpreter prefetches and range-checks all of them); unused ones are ignored (slot 0 is fine).
+ *
+ * fp32 path: classic register-blocked SGEMM, one 128 x 128 output tile per instruction,
+ *   pages As0 Bs0 As1 Bs1 (two stages of a 32-deep k tile):
  *
  *   page 0/2  As[k][m]  32 x 128 fp32 = 16 KiB, A tile transposed (so a k step reads m's
  *                       contiguously), 16-B chunks XOR-swizzled (see below)
  *   page 1/3  Bs[k][n]  32 x 128 fp32 = 16 KiB, B tile as is
  *
  *   thread t: tx = t % 16, ty = t / 16 owns rows {4ty..4ty+3, 64+4ty..64+4ty+3} x
- *   cols {4tx..4tx+3, 64+4tx..64+4tx+3}: 64 accumulators in registers.
+ *   cols {4tx..4tx+3, 64+4tx..64+4tx+3}: 64 accumulators in registers. After the k loop they
+ *   go to the staging tile in the same 4 pages and the shared epilogue stores them.
  *
  * Why:
  *  - 8 x 8 outputs per thread: each k step is 4 float4 shared loads for 64 FMAs, so the FMA
  *    pipe, not shared memory, is the limit.
  *  - the 4-row/4-col groups are split by 64 instead of being 8 contiguous: a warp's B reads are
- *    16 consecutive float4 (no conflict) and its global stores are 256-B contiguous rows.
+ *    16 consecutive float4 (no conflict).
  *  - As is stored transposed with scalar stores; without a swizzle the 32 lanes of a warp
  *    (4 m values x 8 k chunks) would hit 4 banks (8-way conflict). The chunk holding
  *    m..m+3 at row k moves to chunk (m >> 2) ^ ((k >> 2) & 7): stores become conflict-free,
@@ -24,9 +33,11 @@
  *  - double buffering with one barrier per k tile: tile kt+1 is loaded into registers before
  *    tile kt is multiplied (the global latency hides behind 2048 FMAs per thread) and stored to
  *    the other stage afterwards.
- *  - float4 global loads/stores where pointer and leading dimension allow; scalar loads with
+ *  - float4 global loads where pointer and leading dimension allow; scalar loads with
  *    zero fill at the M/N/K edges, so any shape works and shared memory never holds garbage
  *    (0 * NaN would poison a valid output).
+ *  - the op bodies are __noinline__: each gets its own register allocation instead of adding
+ *    to the interpreter's (one call per 128 x 128 tile costs nothing measurable).
  */
 #ifndef MEGAK_OP_GEMM_CUH
 #define MEGAK_OP_GEMM_CUH
@@ -34,30 +45,62 @@
 #include "../instr.h"
 #include "../sync.cuh"
 #include "../pages.cuh"
+#include "gemm_epilogue.cuh"
+#include "gemm_bf16.cuh"
 
 /* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128 come from instr.h. */
 enum {
     MK_GEMM_TILE = 128,
     MK_GEMM_BK = 32,
-    MK_GEMM_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_B) | (1u << MK_ARG_OUT)
+    MK_GEMM_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_B) | (1u << MK_ARG_OUT) |
+                       (1u << MK_ARG_BIAS) | (1u << MK_ARG_RESIDUAL)
 };
 
 static_assert(MK_GEMM_TILE_M == MK_GEMM_TILE && MK_GEMM_TILE_N == MK_GEMM_TILE &&
               MK_GEMM_PAGES >= 4, "the layout below is a 128 x 128 tile on 4 pages");
+static_assert(MK_GEMM_BF16_PAGES <= MK_GEMM_PAGES,
+              "records are validated against MK_GEMM_PAGES whatever the operands' dtype");
 static_assert(MK_THREADS == 256, "the GEMM thread layout assumes 256 threads");
 static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or B is one page");
 
 __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
     return in.row0 >= 0 && in.col0 >= 0 && in.k0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
-           in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE;
+           in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
+           ((in.flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT) <= MK_ACT_SILU;
 }
 
+/* Debug mode: `t` is an fp32 or bf16 view with a sane leading dimension, aligned to its
+ * element, and the region [r0, r0 + nr) x [c0, c0 + nc) lies inside it. */
+__device__ __forceinline__ bool mk_gemm_region_ok(const mk_tensor& t, long long r0, long long nr,
+                                                  long long c0, long long nc)
+{
+    if (t.dtype != MK_DTYPE_F32 && t.dtype != MK_DTYPE_BF16)
+        return false;
+    if (r0 < 0 || c0 < 0 || nr < 0 || nc < 0)
+        return false;
+    if (nr == 0 || nc == 0)
+        return true;
+    return t.ptr != 0 && (t.ptr & (mk_dtype_bytes(t.dtype) - 1u)) == 0 && t.ld >= t.cols &&
+           r0 + nr <= (long long)t.rows && c0 + nc <= (long long)t.cols;
+}
+
+/* A and B of one dtype; bias a (1 x >= col0 + cols) row, residual (>= row0 + rows) x
+ * (>= col0 + cols); every tensor fp32 or bf16. */
 __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const mk_tensor* op)
 {
-    return mk_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
-           mk_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
-           mk_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
+    if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
+        return false;
+    if ((in.flags & MK_FLAG_BIAS) &&
+        !(op[MK_ARG_BIAS].rows == 1 &&
+          mk_gemm_region_ok(op[MK_ARG_BIAS], 0, 1, in.col0, in.cols)))
+        return false;
+    if ((in.flags & MK_FLAG_RESIDUAL) &&
+        !mk_gemm_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
+        return false;
+    return mk_gemm_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
+           mk_gemm_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
+           mk_gemm_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
 }
 
 /* Global -> registers: this thread's 4 float4 of the A tile and 4 of the B tile. */
@@ -66,23 +109,19 @@ struct mk_gemm_stage {
     float4 b[4];
 };
 
-__device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor* op,
-                                            const mk_pages& pages)
+/* All 256 threads; in.rows, in.cols >= 1. */
+__device__ __forceinline__ void mk_gemm_f32_run(const mk_instr& in, const mk_tensor* op,
+                                                const mk_pages& pages)
 {
     const mk_tensor& TA = op[MK_ARG_A];
     const mk_tensor& TB = op[MK_ARG_B];
-    const mk_tensor& TO = op[MK_ARG_OUT];
     const int rows = in.rows, cols = in.cols, klen = in.klen;
-    if (rows <= 0 || cols <= 0)
-        return;
-    const mk_u32 lda = TA.ld, ldb = TB.ld, ldo = TO.ld;
-    /* Tile origins: A[row0][k0], B[k0][col0], out[row0][col0]. */
+    const mk_u32 lda = TA.ld, ldb = TB.ld;
+    /* Tile origins: A[row0][k0], B[k0][col0]. */
     const float* ga = reinterpret_cast<const float*>(TA.ptr) + (mk_u64)in.row0 * lda + in.k0;
     const float* gb = reinterpret_cast<const float*>(TB.ptr) + (mk_u64)in.k0 * ldb + in.col0;
-    float* go = reinterpret_cast<float*>(TO.ptr) + (mk_u64)in.row0 * ldo + in.col0;
     const bool a_vec = mk_vec_ok(ga, lda);
     const bool b_vec = mk_vec_ok(gb, ldb);
-    const bool o_vec = mk_vec_ok(go, ldo);
 
     const int tid = (int)threadIdx.x;
     const int warp = tid >> 5;
@@ -180,21 +219,47 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 
     mk_trace_mark(MK_T_COMPUTED);
 
-    /* Epilogue: rows 4ty + i (+64), columns 4tx (+64); float4 stores when aligned. */
+    /* Accumulators to the staging tile (the loop's last barrier freed the pages): rows
+     * 4ty + i (+64), chunks tx (+16); then the shared epilogue. */
+    float* const stage[2] = {pages[ty >> 3], pages[2 + (ty >> 3)]};   /* rows 4ty.., 64 + 4ty.. */
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
         const int m = (i < 4 ? 0 : 64) + 4 * ty + (i & 3);
-        if (m < rows) {
-            float* row = go + (mk_u64)m * ldo;
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int n = 64 * h + 4 * tx;
-                const float4 v = make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
-                                             acc[i][4 * h + 3]);
-                mk_st_f4_edge(row + n, v, cols - n, o_vec);
-            }
-        }
+        for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float4*>(mk_gemm_stage_at(stage[i >> 2], m, 16 * h + tx)) =
+                make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
+                            acc[i][4 * h + 3]);
     }
+    __syncthreads();
+    mk_gemm_epilogue(in, op, pages);
+}
+
+/* The op bodies are separate functions (see "Why" above); the dtype of A picks the path.
+ * The page table travels by value: a reference would put it on the local stack. */
+__device__ __noinline__ void mk_gemm_f32(const mk_instr& in, const mk_tensor* op,
+                                         unsigned char* page_base, const mk_u8* page_idx)
+{
+    const mk_pages pages = {page_base, page_idx};
+    mk_gemm_f32_run(in, op, pages);
+}
+
+__device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* op,
+                                          unsigned char* page_base, const mk_u8* page_idx)
+{
+    const mk_pages pages = {page_base, page_idx};
+    mk_gemm_bf16_run(in, op, pages);
+}
+
+__device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor* op,
+                                            const mk_pages& pages)
+{
+    if (in.rows <= 0 || in.cols <= 0)
+        return;
+    if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
+        mk_gemm_bf16(in, op, pages.base, pages.idx);
+    else
+        mk_gemm_f32(in, op, pages.base, pages.idx);
 }
 
 #endif /* MEGAK_OP_GEMM_CUH */

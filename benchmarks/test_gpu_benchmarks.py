@@ -1,0 +1,69 @@
+"""pytest-benchmark around the megakernel and the separate / CUDA-graph variants of the small
+workloads (W1, W2-1024x16-fp32, W3-4096-fp32). GPU only (marked `gpu`, skipped elsewhere).
+
+    python -m pytest benchmarks/test_gpu_benchmarks.py --benchmark-only
+
+Each round is one real run of the variant (launch + wait), timed by pytest-benchmark on the
+host; the CUDA-event time of the same run goes to ``extra_info["cuda_event_us"]``. The outputs
+are poisoned before the rounds and checked against float64 after them. Nothing here asserts on
+time: `python -m benchmarks.report` is where figures are compared.
+"""
+import numpy as np
+import pytest
+
+import megak
+from benchmarks import workloads as W
+from benchmarks.report import L2_FLUSH_BYTES, time_bench_variant
+
+pytestmark = pytest.mark.gpu
+
+WORKLOADS = ("W1", "W2-1024x16-fp32", "W3-4096-fp32")
+ROUNDS = {"W1": 20, "W2-1024x16-fp32": 30, "W3-4096-fp32": 5}
+
+
+@pytest.fixture(scope="module")
+def bench_for():
+    """workload name -> (workload, reference, Bench) built once per module; closed at the end."""
+    from megak.runtime.bench import Bench
+    built, progs = {}, []
+
+    def get(name):
+        if name not in built:
+            w = W.get(name)
+            rng = np.random.default_rng()
+            inputs = w.make_inputs(rng)
+            ref = w.reference(inputs, rng)
+            prog = megak.compile(w.build(), backend="cuda")
+            progs.append(prog)
+            if w.plan_check is not None:
+                w.plan_check(prog.plan)
+            w.check(ref, prog.run(**inputs), f"{name}: prog.run")
+            b = Bench(prog)
+            b.upload(**inputs)
+            built[name] = (w, ref, b)
+        return built[name]
+
+    yield get
+    for _, _, b in built.values():
+        b.close()
+    for p in progs:
+        p.close()
+
+
+@pytest.mark.parametrize("variant", ["megak", "separate", "graph"])
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_variant(benchmark, bench_for, name, variant):
+    w, ref, b = bench_for(name)
+    flush = w.working_set_bytes <= L2_FLUSH_BYTES
+    event_us = []
+
+    def one_run():
+        event_us.extend(time_bench_variant(b, variant, reps=1, warmup=0, flush=flush))
+
+    b.poison()
+    benchmark.pedantic(one_run, rounds=ROUNDS[name], iterations=1, warmup_rounds=1)
+    err = w.check(ref, b.outputs(), f"{name}/{variant} after the benchmark rounds")
+    benchmark.extra_info.update(workload=name, variant=variant, metric=w.metric,
+                                cuda_event_us=float(np.median(event_us)),
+                                max_err_over_bound=err)
+    assert len(event_us) == ROUNDS[name] + 1 and all(t > 0 for t in event_us)

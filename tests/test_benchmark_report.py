@@ -1,0 +1,643 @@
+"""The pure parts of the benchmark report and the memory audit (no GPU): metric values, ratios,
+targets, the JSON schema, markdown, the chart, ncu CSV parsing; and the workloads' builders and
+correctness checks, run on the simulator at small sizes. Nothing here times anything."""
+import json
+
+import numpy as np
+import pytest
+
+import megak
+from benchmarks import audit as A
+from benchmarks import report as R
+from benchmarks import workloads as W
+
+
+# ---- fixtures --------------------------------------------------------------------------------
+
+def result(workload, variant, us, metric="us", work=0.0, check="exact"):
+    return R.make_result(workload, variant, [us * 0.98, us, us * 1.05], metric, work, check)
+
+
+@pytest.fixture
+def doc():
+    flops = 2.0 * 8192 ** 3
+    res = [result("W1", v, us, "us/op", 1000) for v, us in
+           (("megak", 700.0), ("separate", 5000.0), ("graph", 1000.0), ("torch", 6000.0),
+            ("torch_graph", 1100.0))]
+    res += [result("W3-8192-fp32", "megak", 30000.0, "TFLOP/s", flops),
+            result("W3-8192-fp32", "torch", 21000.0, "TFLOP/s", flops),
+            result("W2-1024x16-fp32", "megak", 60.0), result("W2-1024x16-fp32", "graph", 90.0),
+            R.make_result("W6-lower-100k", "megak", [180e3, 190e3, 200e3], "ms", 0, "checked")]
+    return {"machine": {"gpu": "NVIDIA H200", "sm_count": 132, "arch": "sm_90a",
+                        "driver_version": "580.1", "cuda_driver_api": "13.0", "nvrtc": "13.0",
+                        "packages": {"numpy": "2.4.6", "torch": None}},
+            "date": "2026-11-29", "results": res,
+            "failures": [{"workload": "W5-1GiB", "variant": "megak",
+                          "error": "timing/check: CheckError: not exact"}],
+            "skipped": [{"variant": "torch_graph", "reason": "example"}],
+            "not_yet_available": dict(W.NOT_YET_AVAILABLE),
+            "descriptions": {"W1": "a chain"}, "notes": {"W1": ["1000 ops on 132 SMs"]}}
+
+
+# ---- metric values, results, ratios ------------------------------------------------------------
+
+def test_metric_values():
+    assert R.metric_value("us/op", 800.0, 1000) == pytest.approx(0.8)
+    assert R.metric_value("us", 12.5, 0) == 12.5
+    assert R.metric_value("ms", 182_000.0, 0) == pytest.approx(182.0)
+    # 2 * 8192^3 flops in 24.43 ms = 45 TFLOP/s
+    assert R.metric_value("TFLOP/s", 24_433.0, 2.0 * 8192 ** 3) == pytest.approx(45.0, rel=1e-3)
+    # 2 GiB read + written in 500 us = 4295 GB/s
+    assert R.metric_value("GB/s", 500.0, 2.0 * 2 ** 30) == pytest.approx(4294.97, rel=1e-5)
+    with pytest.raises(ValueError, match="allowed"):
+        R.metric_value("flops", 1.0, 1.0)
+    with pytest.raises(ValueError, match="> 0"):
+        R.metric_value("us", 0.0, 0)
+
+
+def test_make_result_is_a_median_with_spread():
+    r = R.make_result("W1", "megak", [3.0, 1.0, 2.0, 100.0], "us/op", 2, "exact")
+    assert r["median_us"] == 2.5 and r["value"] == 1.25
+    assert (r["reps"], r["min_us"], r["max_us"]) == (4, 1.0, 100.0)
+    assert set(R.RESULT_KEYS) <= set(r)
+    with pytest.raises(ValueError, match="no timed runs"):
+        R.make_result("W1", "megak", [], "us", 0, "")
+
+
+def test_speeds_vs_megak_and_best_other():
+    variants = {r["variant"]: r for r in (result("X", "megak", 10.0), result("X", "graph", 20.0),
+                                           result("X", "torch", 5.0))}
+    sp = R.speeds(variants)
+    assert sp["megak"]["vs_megak"] == 1.0
+    assert sp["graph"]["vs_megak"] == pytest.approx(0.5)      # twice as slow as megak
+    assert sp["torch"]["vs_megak"] == pytest.approx(2.0)      # twice as fast
+    assert sp["megak"]["best_other"] == "torch"
+    assert sp["megak"]["vs_best_other"] == pytest.approx(0.5)  # megak loses to torch 2x
+    assert sp["torch"]["vs_best_other"] == 1.0
+    only = R.speeds({"megak": result("Y", "megak", 3.0)})
+    assert only["megak"]["vs_best_other"] is None and only["megak"]["vs_megak"] == 1.0
+    no_megak = R.speeds({"graph": result("Z", "graph", 3.0)})
+    assert no_megak["graph"]["vs_megak"] is None
+
+
+def test_targets_met_and_missed_in_both_directions():
+    lower = R.Target("us/op", "<=", 0.8, "")
+    assert lower.gap(0.8) == "met" and lower.gap(0.5) == "met"
+    assert lower.gap(1.0) == "missed by 0.2 us/op (25%)"
+    higher = R.Target("TFLOP/s", ">=", 45.0, "")
+    assert higher.gap(50.0) == "met"
+    assert higher.gap(36.0) == "missed by 9 TFLOP/s (20%)"
+    assert higher.gap(None) == "not measured"
+    assert R.TARGETS["W5-1GiB"].text() == ">= 3,950 GB/s"
+    assert R.TARGETS["W1"].text() == "<= 0.8 us/op"
+
+
+def test_targets_match_design_section_9():
+    t = R.TARGETS
+    assert (t["W1"].op, t["W1"].value, t["W1"].metric) == ("<=", 0.8, "us/op")
+    assert t["W2-1024x16-bf16"].value == 20 and t["W2-4096x8-bf16"].value == 75
+    assert t["W3-8192-fp32"].value == 45 and t["W3-8192-bf16"].value == 650
+    assert t["W4-16384-fp32"].value == 3600 and t["W5-1GiB"].value == 3950
+    assert t["W6-lower-100k"].value == 1000 and t["W6-lower-100k"].metric == "ms"
+    # every target is either measured by a workload or listed as not yet available
+    for name in t:
+        assert (name in W.FACTORIES) != (name in W.NOT_YET_AVAILABLE), name
+
+
+def test_registry_names():
+    assert list(W.FACTORIES) == ["W1", "W2-1024x16-fp32", "W2-4096x8-fp32", "W3-4096-fp32",
+                                 "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB", "W6-lower-100k",
+                                 "W6-compile-cold", "W6-compile-cached"]
+    assert set(W.QUICK) <= set(W.FACTORIES)
+    assert "W3-8192-fp32" not in W.QUICK and "W5-1GiB" not in W.QUICK
+    for name in ("W2-1024x16-fp32", "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
+        w = W.get(name)   # builders only: nothing allocated until make_inputs
+        assert w.name == name and w.metric in R.METRICS
+        # megak_trace (the traced build, W2 only) falls back to megak's rep counts
+        assert set(w.reps) | {"megak_trace"} == set(W.VARIANTS)
+    with pytest.raises(KeyError, match="known"):
+        W.get("W9")
+
+
+def test_gpu_slug_and_paths(tmp_path):
+    assert R.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert R.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    p = R.output_paths(tmp_path, "NVIDIA H200", "2026-11-29", quick=False)
+    assert p["json"] == tmp_path / "results" / "nvidia-h200-2026-11-29.json"
+    assert p["png"] == tmp_path / "results" / "nvidia-h200-2026-11-29.png"
+    assert p["md"] == tmp_path / "RESULTS.md"
+    q = R.output_paths(tmp_path, "NVIDIA H200", "2026-11-29", quick=True)
+    assert q["json"].name == "nvidia-h200-2026-11-29-quick.json"
+    assert q["md"].name == "RESULTS-quick.md"
+
+
+# ---- schema ------------------------------------------------------------------------------------
+
+def test_schema_round_trip(doc, tmp_path):
+    path = tmp_path / "r.json"
+    R.write_json(doc, path)
+    back = json.loads(path.read_text())
+    R.validate_doc(back)
+    assert back["machine"]["gpu"] == "NVIDIA H200" and back["date"] == "2026-11-29"
+    for r in back["results"]:
+        assert isinstance(r["workload"], str) and isinstance(r["variant"], str)
+        assert isinstance(r["median_us"], float) and isinstance(r["value"], float)
+        assert isinstance(r["metric"], str)
+
+
+@pytest.mark.parametrize("breakage, match", [
+    (lambda d: d.pop("machine"), "machine"),
+    (lambda d: d.update(date="29/11/2026"), "YYYY-MM-DD"),
+    (lambda d: d["results"][0].pop("value"), "value"),
+    (lambda d: d["results"][0].update(median_us="fast"), "median_us"),
+    (lambda d: d["results"][0].update(value=True), "value"),
+    (lambda d: d["results"][0].update(metric="flops"), "metric"),
+    (lambda d: d["results"][0].update(variant="cublas"), "variant"),
+    (lambda d: d["results"][0].update(median_us=-1.0), "finite"),
+    (lambda d: d["results"].append(dict(d["results"][0])), "duplicate"),
+])
+def test_schema_rejects(doc, breakage, match, tmp_path):
+    breakage(doc)
+    with pytest.raises(ValueError, match=match):
+        R.write_json(doc, tmp_path / "r.json")
+    assert not (tmp_path / "r.json").exists()
+
+
+# ---- markdown ----------------------------------------------------------------------------------
+
+def test_markdown(doc):
+    md = R.render_markdown(doc, audit_md="| op | grid |\n|---|---|\n| copy | 1 |",
+                           chart="results/x.png", json_name="x.json")
+    assert "NVIDIA H200" in md and "580.1" in md and "numpy 2.4.6" in md
+    assert "![speed of each variant relative to megak](results/x.png)" in md
+    # one table per workload, every variant a row
+    for name in ("W1", "W3-8192-fp32", "W2-1024x16-fp32", "W6-lower-100k"):
+        assert f"### {name}" in md
+    w1 = md.split("### W1")[1].split("###")[0]
+    for v in W.VARIANTS:
+        if v != "megak_trace":   # timed on the W2 chains only
+            assert f"| {v} |" in w1
+    # W1: 0.7 us/op meets <= 0.8; megak vs best other (graph, 1000 us) = 1.43x
+    assert "| megak | 3 | 700.0 | 0.700 | 1.00x | 1.43x | exact | <= 0.8 us/op: **met** |" in md
+    assert "| separate | 3 | 5,000 | 5.000 | 0.14x |" in md
+    # W3: 36.65 TFLOP/s misses 45 by 8.35 (19%)
+    assert "missed by 8.35 TFLOP/s (19%)" in md
+    assert "(see W2-1024x16-bf16: <= 20 us)" in md
+    # the summary names every target, including the not-yet-available and failed ones
+    summary = md.split("## Targets")[1].split("##")[0]
+    for name in R.TARGETS:
+        assert f"| {name} |" in summary
+    assert "| W5-1GiB | >= 3,950 GB/s | FAILED (see Failures) |" in summary
+    assert "| W4-16384-fp32 | >= 3,600 GB/s | not run |" in summary
+    assert "**FAILED** W5-1GiB / megak: timing/check: CheckError: not exact" in md
+    assert "## Not yet available" in md and "- W3-8192-bf16: not measured" in md
+    assert "- torch_graph: example" in md
+    assert "Note: 1000 ops on 132 SMs" in md
+    assert md.split("## Memory audit (Nsight Compute)")[1].strip().startswith("| op | grid |")
+    assert "Quick smoke run" not in md
+
+
+def test_markdown_quick_and_no_audit(doc):
+    doc["quick"] = True
+    md = R.render_markdown(doc)
+    assert "Quick smoke run" in md
+    assert "Not run yet: `python -m benchmarks.audit`" in md
+    assert "![" not in md
+
+
+def test_chart(doc, tmp_path):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "c.png"
+    assert R.write_chart(doc, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # nothing to compare (megak alone): no chart
+    lonely = dict(doc, results=[r for r in doc["results"] if r["variant"] == "megak"])
+    assert not R.write_chart(lonely, tmp_path / "d.png")
+    assert not (tmp_path / "d.png").exists()
+
+
+def test_write_outputs_embeds_newest_audit_and_renders_again(doc, tmp_path):
+    import importlib.util
+    # CI without matplotlib: the report is written without its chart
+    charts = importlib.util.find_spec("matplotlib") is not None
+    results = tmp_path / "results"
+    results.mkdir()
+    audit_doc = {"machine": {"gpu": "NVIDIA H200"}, "date": "2026-11-29", "ncu": "2025.3",
+                 "ops": [{"case": "copy", "op": "copy (W5-8192x8192)", "grid": 4096,
+                          "derived": {"ld_requests": 100.0, "ld_sectors_per_request": 16.0,
+                                      "registers_per_thread": 40.0}, "ptxas": {}}],
+                 "failures": []}
+    (results / "audit-2026-11-28.json").write_text(json.dumps({**audit_doc, "ops": []}))
+    (results / "audit-2026-11-29.json").write_text(json.dumps(audit_doc))
+    paths = R.write_outputs(doc, tmp_path)
+    assert set(paths) == ({"json", "png", "md"} if charts else {"json", "md"})
+    md = paths["md"].read_text()
+    assert "| copy (W5-8192x8192) | 4,096 | 16.00 (100) |" in md
+    assert ("results/nvidia-h200-2026-11-29.png" in md) == charts
+    paths["md"].unlink()
+    assert R.main(["--out-dir", str(tmp_path), "--render-only"]) == 0
+    assert paths["md"].read_text() == md
+
+
+def test_report_without_gpu_fails_cleanly(monkeypatch, capsys, tmp_path):
+    import megak.runtime.driver as driver
+    monkeypatch.setattr(driver, "gpu_usable", lambda: False)
+    monkeypatch.setattr(driver, "gpu_unusable_reason", lambda: "no driver (test)")
+    assert R.main(["--out-dir", str(tmp_path)]) == 2
+    assert "needs a GPU: no driver (test)" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_host_runner_checks_every_run():
+    calls = []
+    w = W.HostWorkload(name="H", description="", setup=lambda: "state",
+                       prepare=lambda st: len(calls), step=lambda st, p: p * 2,
+                       check=lambda st, prod: calls.append(prod) or "ok", cleanup=W._noop,
+                       reps=(3, 1))
+    res, fails, notes = R.run_host_workload(w, quick=False, log=lambda *a: None)
+    assert fails == [] and notes == ["ok"] and calls == [0, 2, 4, 6]
+    assert res[0]["variant"] == "megak" and res[0]["metric"] == "ms" and res[0]["reps"] == 3
+
+    def bad(st, prod):
+        raise W.CheckError("wrong product")
+    w.check = bad
+    res, fails, _ = R.run_host_workload(w, quick=False, log=lambda *a: None)
+    assert res == [] and "wrong product" in fails[0]["error"]
+
+
+# ---- correctness checks -------------------------------------------------------------------------
+
+def test_check_bounded_and_exact():
+    ref = np.array([[1.0, 2.0]])
+    bound = np.array([[0.1, 0.0]])
+    got = np.array([[1.05, 2.0]], dtype=np.float32)
+    assert W.check_bounded(got, ref, bound, "t") == pytest.approx(0.5, rel=1e-6)
+    with pytest.raises(W.CheckError, match="exceeds the bound"):
+        W.check_bounded(np.array([[1.2, 2.0]], dtype=np.float32), ref, bound, "t")
+    with pytest.raises(W.CheckError, match="exceeds"):   # zero bound: no error allowed
+        W.check_bounded(np.array([[1.0, 2.000001]], dtype=np.float32), ref, bound, "t")
+    with pytest.raises(W.CheckError, match="non-finite"):
+        W.check_bounded(np.array([[np.nan, 2.0]], dtype=np.float32), ref, bound, "t")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert W.check_exact(x.copy(), x, "t") == 0.0
+    y = x.copy()
+    y[1, 2] = np.nextafter(y[1, 2], np.float32(0))
+    with pytest.raises(W.CheckError, match=r"\(1, 2\)"):
+        W.check_exact(y, x, "t")
+    assert W.check_transpose_exact(np.ascontiguousarray(x.T), x, "t") == 0.0
+    with pytest.raises(W.CheckError, match="transpose not exact"):
+        W.check_transpose_exact(np.ascontiguousarray(y.T), x, "t")
+
+
+def test_gemm_bound_holds_for_fp32_and_catches_errors(rng):
+    a = rng.standard_normal((64, 300), dtype=np.float32)
+    b = rng.standard_normal((300, 40), dtype=np.float32)
+    ref = W.gemm_reference(a, b, rng)
+    assert ref.rows is None   # small: full reference
+    got = a @ b
+    assert 0 < ref.check(got, "fp32") <= 1.0
+    # an error of one part in 1e3 is far outside 2 K u |a||b|
+    bad = got.copy()
+    bad[5, 7] *= 1.001
+    with pytest.raises(W.CheckError, match=r"\(5, 7\)"):
+        ref.check(bad, "bad")
+    with pytest.raises(W.CheckError, match="float32"):
+        ref.check(got.astype(np.float64), "dtype")
+
+
+def test_stratified_sampling_hits_every_tile(rng):
+    idx = W.stratified(8192, 64, rng)
+    assert idx[-1] == 8191 and (np.diff(idx) > 0).all()
+    assert set(range(64)) == set((idx // 128).tolist())  # every 128-row tile sampled
+    assert set(range(128)) == set((idx // 64).tolist())
+    assert W.stratified(10, 64, rng).tolist()[-1] == 9
+
+
+def test_sampled_gemm_reference_catches_a_wrong_tile(rng):
+    a = rng.standard_normal((300, 64), dtype=np.float32)
+    b = rng.standard_normal((64, 260), dtype=np.float32)
+    ref = W.gemm_reference(a, b, rng, full_max_mnk=0)
+    assert ref.rows is not None and ref.cols is not None
+    got = a @ b
+    ref.check(got, "sampled")
+    bad = got.copy()
+    bad[256:300, 128:256] = 0.0   # one wrong output tile, wherever the samples fall
+    with pytest.raises(W.CheckError):
+        ref.check(bad, "sampled")
+
+
+def test_chain_checks_every_layer_on_its_computed_input(rng):
+    x = rng.standard_normal((4, 32), dtype=np.float32)
+    ws = [rng.standard_normal((32, 32), dtype=np.float32) / np.float32(6) for _ in range(5)]
+    names = ["h0", "h1", "h2", "h3", "y"]
+    ref = W.chain_reference(x, ws, names)
+    outs, y = {}, x
+    for w, name in zip(ws, names):
+        y = y @ w   # fp32 along the chain, as the device does
+        outs[name] = y
+    assert 0 < ref.check(outs, "fp32") <= 1.0
+    # a wrong middle layer is caught there, even if later layers are consistent with it
+    bad = dict(outs, h2=outs["h2"] * np.float32(1.0001))
+    with pytest.raises(W.CheckError, match=r"layer 2 \(h2\)"):
+        ref.check(bad, "bad")
+    with pytest.raises(W.CheckError, match="non-finite"):
+        ref.check(dict(outs, h1=np.full_like(outs["h1"], np.nan)), "poisoned")
+
+
+# ---- workloads on the simulator (small sizes) ---------------------------------------------------
+
+def sim_run(w, rng, n_sm=8):
+    prog = megak.compile(w.build(), backend="sim", n_sm=n_sm)
+    inputs = w.make_inputs(rng)
+    return prog, inputs, w.reference(inputs, rng), prog.run(**inputs)
+
+
+def test_w1_chain_on_the_simulator(rng):
+    w = W.w1(n_ops=40)
+    prog, inputs, ref, out = sim_run(w, rng)
+    note = w.plan_check(prog.plan)
+    assert "40 ops on 8 SMs" in note
+    assert w.check(ref, out, "sim") == 0.0
+    assert w.work == 40 and w.metric == "us/op"
+    bad = dict(out, y=out["y"] + np.float32(1))
+    with pytest.raises(W.CheckError, match="not exact"):
+        w.check(ref, bad, "sim")
+    assert W.w1().name == "W1"
+
+
+def test_w1_placement_check_rejects_one_sm(rng):
+    w = W.w1(n_ops=5)
+    prog = megak.compile(w.build(), backend="sim", n_sm=1)
+    with pytest.raises(W.CheckError, match="both on SM 0"):
+        w.plan_check(prog.plan)
+
+
+def test_instruction_sms_with_empty_queues():
+    class P:
+        instrs = np.zeros(3)
+        queue_start = np.array([0, 0, 2, 2, 3], dtype=np.uint32)
+    assert W.instruction_sms(P).tolist() == [1, 1, 3]
+
+
+def test_w2_chain_on_the_simulator(rng):
+    w = W.w2(hidden=96, layers=3, batch=16)
+    assert w.name == "W2-96x3-fp32" and w.metric == "us"
+    prog, inputs, ref, out = sim_run(w, rng)
+    assert sorted(inputs) == ["w0", "w1", "w2", "x"]
+    assert sorted(out) == ["h0", "h1", "y"]
+    assert 0 < w.check(ref, out, "sim") <= 1.0
+    bad = dict(out, y=out["y"] * np.float32(1.001))
+    with pytest.raises(W.CheckError, match="layer 2"):
+        w.check(ref, bad, "sim")
+
+
+def test_w3_gemm_sampled_on_the_simulator(rng):
+    w = W.w3(200, full_max_mnk=0)   # force the sampled check of the large sizes
+    assert w.work == 2.0 * 200 ** 3
+    prog, inputs, ref, out = sim_run(w, rng)
+    assert ref.rows is not None
+    assert 0 < w.check(ref, out, "sim") <= 1.0
+    bad = {"y": out["y"].copy()}
+    bad["y"][128:200, 0:128] += np.float32(1)
+    with pytest.raises(W.CheckError):
+        w.check(ref, bad, "sim")
+
+
+@pytest.mark.parametrize("make", [lambda: W.w4(136), lambda: W.w5(70, 300)])
+def test_w4_w5_exact_on_the_simulator(make, rng):
+    w = make()
+    assert w.metric == "GB/s"
+    prog, inputs, ref, out = sim_run(w, rng)
+    assert w.check(ref, out, "sim") == 0.0
+    x = inputs["x"]
+    assert w.work == 2 * x.nbytes
+    with pytest.raises(W.CheckError):
+        w.check(ref, {"y": np.zeros_like(out["y"])}, "sim")
+
+
+def test_w6_lower_checks_its_product():
+    w = W.w6_lower()
+    g = w.setup()
+    plan, data = w.step(g, None)
+    assert "100,352 instructions" in w.check(g, (plan, data))
+    with pytest.raises(W.CheckError, match="decode"):
+        w.check(g, (plan, data[:-128] + bytes(128)))
+
+
+# ---- memory audit: ncu output -------------------------------------------------------------------
+
+LONG_CSV = '''==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "megak_op" - 0: 0%....50%....100% - 9 passes
+AUDIT_TARGET {"case": "copy"}
+==PROF== Disconnected from process 4242
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","dram__bytes.sum.per_second","Tbyte/second","3.52"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","gpu__time_duration.sum","usecond","152.58"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum","request","1,048,576"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum","Msector","16.78"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_requests_pipe_lsu_mem_global_op_st.sum","request","0"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum","sector","0"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","launch__registers_per_thread","register/thread","40"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum","byte","0"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","sm__warps_active.avg.pct_of_peak_sustained_active","%","12.41"
+"0","4242","python3.12","127.0.0.1","megak_op","1","13","(256, 1, 1)","(4096, 1, 1)","0","9.0","Command line profiler metrics","l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access.sum","sector","n/a"
+'''
+
+RAW_CSV = '''"ID","Process ID","Kernel Name","dram__bytes.sum.per_second","launch__registers_per_thread","l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum","l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"
+"","","","byte/second","register/thread","sector","request"
+"0","7","megak_op","3,500,000,000,000","64","4096","512"
+"1","7","megak_op","1,000,000,000,000","64","800","100"
+'''
+
+
+def test_parse_long_csv_and_derive():
+    ks = A.parse_ncu_csv(LONG_CSV)
+    assert len(ks) == 1 and ks[0]["id"] == "0" and ks[0]["kernel"] == "megak_op"
+    m = ks[0]["metrics"]
+    assert m[A.DRAM_BW] == (pytest.approx(3.52e12), "Tbyte/second")
+    assert m[A.LD_REQUESTS][0] == 1_048_576
+    assert m["l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts_cache_access.sum"][0] is None
+    d = A.derive(m)
+    assert d["ld_sectors_per_request"] == pytest.approx(16.0, rel=1e-3)
+    assert d["st_sectors_per_request"] is None and d["st_requests"] == 0   # no stores: no ratio
+    assert d["ldgsts_sectors_per_request"] is None
+    assert d["registers_per_thread"] == 40 and d["local_bytes"] == 0
+    assert d["occupancy_pct"] == pytest.approx(12.41)
+    assert d["dram_gbps"] == pytest.approx(3520.0)
+    assert d["duration_us"] == pytest.approx(152.58)
+
+
+def test_parse_raw_csv():
+    ks = A.parse_ncu_csv("==PROF== x\n" + RAW_CSV)
+    assert [k["id"] for k in ks] == ["0", "1"]
+    d = A.derive(ks[1]["metrics"])
+    assert d["ld_sectors_per_request"] == 8.0 and d["dram_gbps"] == pytest.approx(1000.0)
+
+
+def test_units_and_numbers():
+    assert A.parse_number("1,234.5") == 1234.5 and A.parse_number("n/a") is None
+    assert A.to_base(2.0, "Gbyte/second") == 2e9
+    assert A.to_base(2.0, "Kbyte") == 2e3 and A.to_base(1.0, "KiByte") == 1024
+    assert A.to_base(3.0, "Ksector") == 3000 and A.to_base(5.0, "%") == 5.0
+    assert A.to_base(7.0, "register/thread") == 7.0
+    assert A.to_base(1.0, "byte/usecond") == 1e6
+    assert A.to_base(150.0, "usecond") == pytest.approx(150e-6)
+    assert A.to_base(None, "byte") is None
+
+
+def test_ldgsts_split_metrics():
+    m = {A.LDGSTS_SPLIT[0][0]: (300.0, "sector"), A.LDGSTS_SPLIT[0][1]: (20.0, "request"),
+         A.LDGSTS_SPLIT[1][0]: (100.0, "sector"), A.LDGSTS_SPLIT[1][1]: (5.0, "request")}
+    d = A.derive(m)
+    assert d["ldgsts_sectors_per_request"] == 16.0 and d["ldgsts_requests"] == 25.0
+
+
+def test_unknown_metric_is_dropped_exactly():
+    out = ("==ERROR== Failed to find metric "
+           "regex:^l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts\\.(sum|avg)$")
+    base = A.unknown_metric(out)
+    assert base == "l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts"
+    kept = A.drop_metric(list(A.METRICS), base)
+    assert A.LDGSTS_SECTORS not in kept
+    assert A.LDGSTS_SPLIT[0][0] in kept and len(kept) == len(A.METRICS) - 1
+    assert A.unknown_metric("all good") is None
+
+
+def test_audit_markdown():
+    ks = A.parse_ncu_csv(LONG_CSV)
+    doc = {"machine": {"gpu": "NVIDIA H200"}, "date": "2026-11-29", "ncu": "2025.3.1",
+           "ops": [{"case": "copy", "op": "copy (W5-8192x8192)", "grid": 4096,
+                    "check": "exact", "derived": A.derive(ks[0]["metrics"]),
+                    "ptxas": {"megak_op": {"registers": 40, "spill_stores": 0, "spill_loads": 0},
+                              "megakernel": {"registers": 128, "spill_stores": 8,
+                                             "spill_loads": 8}}}],
+           "failures": [{"case": "gemm", "error": "ncu timed out"}],
+           "metrics_dropped": [A.LDGSTS_SECTORS]}
+    md = A.render_markdown(doc)
+    assert "ideal is **16**" in md and "512 B" in md
+    row = [line for line in md.splitlines() if line.startswith("| copy")][0]
+    assert "| 16.00 (1,048,576) | none | none |" in row
+    assert "| 0 B / 16 B |" in row and "| 3,520 |" in row and "12.4%" in row
+    assert "**FAILED** gemm: ncu timed out" in md
+    assert A.LDGSTS_SECTORS in md
+
+
+def test_audit_without_ncu_fails_clearly(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(A, "find_ncu", lambda: None)
+    assert A.main(["--out", str(tmp_path / "a.json")]) == 2
+    assert "needs Nsight Compute" in capsys.readouterr().err
+    assert not (tmp_path / "a.json").exists()
+
+
+def test_ncu_command_line():
+    cmd = A.ncu_command("/x/ncu", ["a.sum", "b.sum"], "gemm", 120)
+    i = cmd.index("/x/ncu")
+    assert cmd[i:i + 9] == ["/x/ncu", "--clock-control", "none", "--target-processes", "all",
+                            "--kernel-name", "megak_op", "--csv", "--print-units"]
+    assert "a.sum,b.sum" in cmd and cmd[-3:] == ["-m", "benchmarks.audit_target", "gemm"]
+
+
+# ---- the measurement flow, on the simulator with a stand-in Bench ------------------------------
+
+class SimBench:
+    """Bench's interface over a simulator program. ``lazy`` variants skip the work (leave the
+    outputs as they are), as a broken kernel would."""
+    lazy: tuple = ()
+
+    def __init__(self, prog):
+        self.prog, self.out, self.closed = prog, None, False
+
+    def upload(self, **inputs):
+        self.inputs = inputs
+
+    def poison(self):
+        self.out = {k: np.full(s, np.nan, dtype=np.float32)
+                    for k, s in self.prog.plan.output_shapes.items()}
+
+    def _runs(self, variant, reps, warmup):
+        if variant not in self.lazy:
+            self.out = self.prog.run(**self.inputs)
+        return np.linspace(10.0, 12.0, reps)
+
+    def time_megakernel(self, reps, warmup, flush_l2, trace=False):
+        return self._runs("megak_trace" if trace else "megak", reps, warmup)
+
+    def time_separate(self, reps, warmup, flush_l2, graph=False):
+        return self._runs("graph" if graph else "separate", reps, warmup)
+
+    def outputs(self):
+        return self.out
+
+    def close(self):
+        self.closed = True
+
+
+def test_flow_times_and_checks_every_variant(rng):
+    w = W.w1(n_ops=12)
+    res, fails, notes = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                           log=lambda *a: None, backend="sim",
+                                           bench_cls=SimBench)
+    assert fails == [] and "12 ops on" in notes[0]
+    assert [r["variant"] for r in res] == ["megak", "separate", "graph"]
+    for r in res:
+        assert r["reps"] == R.QUICK_REPS[0] and r["median_us"] == 11.0
+        assert r["value"] == pytest.approx(11.0 / 12) and r["check"] == "exact"
+
+
+def test_flow_never_reports_a_variant_that_skipped_work(rng):
+    class Lazy(SimBench):
+        lazy = ("separate",)
+    w = W.w2(hidden=64, layers=2)
+    res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=Lazy)
+    assert [r["variant"] for r in res] == ["megak", "megak_trace", "graph"]
+    assert fails[0]["variant"] == "separate" and "non-finite" in fails[0]["error"]
+
+
+def test_flow_skips_timing_megak_when_its_run_is_wrong(rng, monkeypatch):
+    w = W.w5(40, 70)
+    real = w.check
+    seen = []
+
+    def check(ref, out, what):
+        seen.append(what)
+        if what == "megak prog.run":
+            raise W.CheckError("wrong")
+        return real(ref, out, what)
+    monkeypatch.setattr(w, "check", check)
+    res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=SimBench)
+    assert [r["variant"] for r in res] == ["separate", "graph"]
+    assert fails == [{"workload": w.name, "variant": "megak",
+                      "error": "prog.run before timing: CheckError: wrong"}]
+
+
+def test_main_end_to_end_on_the_simulator(monkeypatch, tmp_path, capsys):
+    """main() as on the GPU, with the simulator behind a stand-in Bench and no torch."""
+    import functools
+
+    import megak.runtime.driver as driver
+    monkeypatch.setattr(driver, "gpu_usable", lambda: True)
+    monkeypatch.setattr(R, "machine_info", lambda torch_env=None: {"gpu": "Fake GPU 1"})
+
+    def no_torch():
+        raise ImportError("No module named 'torch'")
+    monkeypatch.setattr(R, "TorchEnv", no_torch)
+    monkeypatch.setattr(R, "run_gpu_workload", functools.partial(
+        R.run_gpu_workload, backend="sim", bench_cls=SimBench))
+    monkeypatch.setattr(W, "FACTORIES", {"W1": lambda: W.w1(n_ops=10),
+                                         "W2-1024x16-fp32": lambda: W.w2(64, 2)})
+    rc = R.main(["--quick", "--only", "W1", "W2-1024x16-fp32", "--out-dir", str(tmp_path),
+                 "--seed", "5"])
+    assert rc == 0, capsys.readouterr()
+    (js,) = (tmp_path / "results").glob("fake-gpu-1-*-quick.json")
+    doc = json.loads(js.read_text())
+    R.validate_doc(doc)
+    assert doc["quick"] and doc["seed"] == 5 and doc["failures"] == []
+    assert {(r["workload"], r["variant"]) for r in doc["results"]} == {
+        (w, v) for w in ("W1-10x32", "W2-64x2-fp32") for v in ("megak", "separate", "graph")
+    } | {("W2-64x2-fp32", "megak_trace")}
+    assert [s["variant"] for s in doc["skipped"]] == ["torch", "torch_graph"]
+    md = (tmp_path / "RESULTS-quick.md").read_text()
+    assert "Quick smoke run" in md and "torch unavailable: ImportError" in md
+    assert "### W1-10x32\n\na dependent chain of 10 copies" in md

@@ -1,0 +1,291 @@
+"""The GEMM op's device code, checked without a GPU (NVRTC only):
+
+- the megakernel's bf16 path is really on tensor cores: the PTX holds
+  ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``, ``ldmatrix .trans`` and zero-filling
+  ``cp.async``; where ``nvdisasm`` is installed, the SASS holds ``HMMA.16816.F32.BF16``;
+- no entry (``megakernel``, ``megak_op``) and no function they call spills, with and without
+  MK_TRACE;
+- a numpy model of the bf16 tile's index math (the formulas of ``ops/gemm_bf16.cuh`` and the
+  staging tile of ``ops/gemm_epilogue.cuh``, restated here: change them together) multiplies
+  correctly, zero-fills every edge, reads nothing outside the region and hits every ldmatrix
+  phase without a bank conflict.
+
+GPU correctness goes through the public API (tests/ops/test_gemm.py).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+compiler = pytest.importorskip("megak.runtime.compiler")
+pytest.importorskip("cuda.core")
+
+ARCH = "sm_90a"
+ENTRIES = ("megakernel", "megak_op")
+MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("megak-gemm-cache")
+
+
+@pytest.fixture(scope="module", params=[None, {"MK_TRACE": 1}], ids=["default", "trace"])
+def kernel(request, cache_dir):
+    return compiler.compile_megakernel(ARCH, defines=request.param, cache_dir=cache_dir)
+
+
+@pytest.fixture(scope="module")
+def ptx() -> str:
+    """The megakernel as PTX, through NVRTC directly (cuda.core asks the driver before it hands
+    out PTX, and this machine may have none). compute_90a: the same front end as the cubin."""
+    from cuda.bindings import nvrtc
+    src = compiler.device_source().encode()
+    err, prog = nvrtc.nvrtcCreateProgram(src, b"megakernel.cu", 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+    try:
+        opts = [b"--gpu-architecture=compute_90a", b"--std=c++17"]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            _, n = nvrtc.nvrtcGetProgramLogSize(prog)
+            log = b" " * n
+            nvrtc.nvrtcGetProgramLog(prog, log)
+            pytest.fail(f"NVRTC failed: {log.decode(errors='replace')}")
+        _, n = nvrtc.nvrtcGetPTXSize(prog)
+        buf = b" " * n
+        (err,) = nvrtc.nvrtcGetPTX(prog, buf)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
+        return buf.rstrip(b"\x00").decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def _function_properties(log: str) -> dict[str, tuple[int, int, int]]:
+    """(stack, spill stores, spill loads) of every function ptxas reports, entries or not
+    (a function called from both entries is reported under each: keep the worst)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for m in re.finditer(r"Function properties for (\S+)\s*\n\S*\s*\.\s*(\d+) bytes stack frame, "
+                         r"(\d+) bytes spill stores, (\d+) bytes spill loads", log):
+        vals = tuple(map(int, m.groups()[1:]))
+        prev = out.get(m.group(1), (0, 0, 0))
+        out[m.group(1)] = tuple(max(a, b) for a, b in zip(prev, vals))
+    return out
+
+
+def test_no_spills_in_any_entry_or_callee(kernel):
+    for entry in ENTRIES:
+        info = compiler.parse_ptxas_log(kernel.log, entry)
+        print(f"\n{entry}: {info}")
+        assert info["registers"] is not None, f"no ptxas line for {entry}:\n{kernel.log}"
+        assert info["registers"] <= 255
+        assert info["spill_stores"] == info["spill_loads"] == 0, kernel.log
+        assert info["stack_bytes"] == 0, f"{entry} keeps a stack frame:\n{kernel.log}"
+    props = _function_properties(kernel.log)
+    gemm = [f for f in props if "mk_gemm" in f]
+    assert len(gemm) == 2, f"expected the fp32 and bf16 GEMM bodies as functions: {sorted(props)}"
+    for name, (stack, stores, loads) in props.items():
+        assert stores == loads == 0, f"{name} spills:\n{kernel.log}"
+        if name in gemm:
+            assert stack == 0, f"{name} has a {stack}-byte stack frame:\n{kernel.log}"
+
+
+def test_bf16_path_uses_tensor_cores_in_ptx(ptx):
+    body = ptx[ptx.find("mk_gemm_bf16"):]
+    assert MMA in body
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in body
+    assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in body
+    # 16-B cp.async with a register src-size: the zero fill of partial tiles
+    assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;", body)
+    assert "cvt.rn.bf16x2.f32" in ptx        # bf16 outputs: round to nearest even
+    assert ".entry megakernel" in ptx and ".entry megak_op" in ptx
+
+
+def _nvdisasm() -> str | None:
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for root in map(Path, getattr(nvidia, "__path__", [])):
+        for cand in sorted(root.glob("*/bin/nvdisasm")):
+            return str(cand)
+    return None
+
+
+def test_bf16_path_uses_tensor_cores_in_sass(kernel, tmp_path):
+    tool = _nvdisasm()
+    if tool is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    path = tmp_path / "k.cubin"
+    path.write_bytes(kernel.cubin)
+    sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    funcs = re.split(r"\n\s*\.type\s+", sass)
+    bf16 = [f for f in funcs if f.startswith("$megakernel$") and "mk_gemm_bf16" in f.split(",")[0]]
+    assert len(bf16) == 1, "the bf16 GEMM body is not a separate function of the megakernel"
+    body = bf16[0]
+    # per k slice: 2 k16 steps x 4 x 4 tiles, B via ldmatrix.trans (2 per step), A (4 per
+    # step); twice: the full-tile path and the predicated short-tile path
+    hmma = len(re.findall(r"HMMA\.16816\.F32\.BF16", body))
+    assert hmma >= 32 and hmma % 32 == 0, hmma
+    assert len(re.findall(r"LDSM\.16\.MT88\.4", body)) * 8 == hmma
+    assert len(re.findall(r"LDSM\.16\.M88\.4", body)) * 4 == hmma
+    assert "LDGSTS.E.BYPASS.128.ZFILL" in body                       # cp.async.cg, zero fill
+    for f in funcs:
+        if "mk_gemm" in f.split(",")[0]:
+            assert not re.search(r"\b(LDL|STL)\b", f), "local memory in a GEMM body"
+
+
+# ---- numpy model of the bf16 tile (restates ops/gemm_bf16.cuh and the staging tile) ----------
+
+PAGE = 16384
+B_OFFSET = 8192          # MK_GEMM_BF16_B_OFFSET
+BK = 32                  # MK_GEMM_BF16_BK
+
+
+def _bank_group_free(addrs) -> bool:
+    """One ldmatrix phase (8 lanes x 16 B) is conflict-free iff its 8 chunks sit in 8 distinct
+    16-byte bank groups."""
+    return len({(a // 16) % 8 for a in addrs}) == 8
+
+
+def _model_tile(a, b, row0, col0, rows, cols, k0, klen):
+    """The 128 x 128 fp32 staging tile the device's bf16 path leaves behind (float64 math)."""
+    import ml_dtypes   # noqa: F401  (bf16 arrays arrive as uint16 views)
+    au, bu = a.view(np.uint16), b.view(np.uint16)
+    pages = [np.zeros(PAGE, np.uint8) for _ in range(4)]
+
+    def chunk(page, dst, mat, r, c, n):
+        n = max(0, min(8, n))
+        vals = np.zeros(8, np.uint16)
+        if n:
+            assert r < mat.shape[0] and c + n <= mat.shape[1]
+            vals[:n] = mat[r, c:c + n]
+        page[dst:dst + 16] = vals.view(np.uint8)
+
+    def load(kt):
+        pg, kb = pages[kt & 3], kt * BK
+        for tid in range(256):
+            la_r, la_c, lb_r, lb_c = tid >> 2, tid & 3, tid >> 4, tid & 15
+            a_dst = la_r * 64 + ((la_c ^ ((la_r >> 1) & 3)) << 4)
+            b_dst = B_OFFSET + lb_r * 256 + ((lb_c ^ (lb_r & 7)) << 4)
+            a_n, b_n = klen - kb - 8 * la_c, cols - 8 * lb_c
+            for dr in (0, 64):
+                chunk(pg, a_dst + dr * 64, au, row0 + la_r + dr, k0 + kb + 8 * la_c,
+                      a_n if la_r + dr < rows else 0)
+            for dk in (0, 16):
+                chunk(pg, b_dst + dk * 256, bu, k0 + kb + lb_r + dk, col0 + 8 * lb_c,
+                      b_n if kb + lb_r + dk < klen else 0)
+
+    def ldmatrix(pg, addrs, trans):
+        for ph in range(4):
+            assert _bank_group_free(addrs[8 * ph:8 * ph + 8]), (trans, addrs)
+        mats = [np.stack([pg[addrs[8 * i + r]:addrs[8 * i + r] + 16].view(np.uint16)
+                          for r in range(8)]) for i in range(4)]
+        out = np.zeros((32, 4, 2), np.uint16)
+        for t in range(32):
+            for i in range(4):
+                m = mats[i].T if trans else mats[i]
+                out[t, i] = m[t // 4, 2 * (t % 4):2 * (t % 4) + 2]
+        return out
+
+    def as_f(u16):
+        return (u16.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+    def mma(acc, af, bf):   # PTX fragment layouts of m16n8k16 (bf16 in, f32 accumulate)
+        am, bm = np.zeros((16, 16)), np.zeros((16, 8))
+        for t in range(32):
+            g, q = t // 4, t % 4
+            x, y = as_f(af[t]), as_f(bf[t])
+            am[g, 2 * q:2 * q + 2], am[g + 8, 2 * q:2 * q + 2] = x[0], x[1]
+            am[g, 2 * q + 8:2 * q + 10], am[g + 8, 2 * q + 8:2 * q + 10] = x[2], x[3]
+            bm[2 * q:2 * q + 2, g], bm[2 * q + 8:2 * q + 10, g] = y[0], y[1]
+        c = am @ bm
+        for t in range(32):
+            g, q = t // 4, t % 4
+            acc[t] += (c[g, 2 * q], c[g, 2 * q + 1], c[g + 8, 2 * q], c[g + 8, 2 * q + 1])
+
+    lanes = np.arange(32)
+    acc = np.zeros((8, 4, 4, 32, 4))   # warp, mi, ni, lane, element
+    for kt in range((klen + BK - 1) // BK):
+        load(kt)
+        pg = pages[kt & 3]
+        for w in range(8):
+            wm, wn = w >> 2, w & 3
+            # active m16 / n8 tiles (C division truncates toward zero, then clamp to 0..4)
+            m_act = min(4, max(0, int((rows - 64 * wm + 15) / 16)))
+            n_act = min(4, max(0, int((cols - 32 * wn + 7) / 8)))
+            a_frag = (64 * wm + (lanes & 15)) * 64
+            a_x = (lanes >> 4) ^ ((lanes >> 1) & 3)
+            b_frag = B_OFFSET + (lanes & 15) * 256
+            b_y = (4 * wn + (lanes >> 4)) ^ (lanes & 7)
+            for ks in range(2):
+                af = [ldmatrix(pg, list(a_frag + mi * 1024 + ((a_x ^ (2 * ks)) << 4)), False)
+                      for mi in range(4)]
+                bf = []
+                for nj in range(2):
+                    r = ldmatrix(pg, list(b_frag + ks * 4096 + ((b_y ^ (2 * nj)) << 4)), True)
+                    bf += [r[:, 0:2], r[:, 2:4]]
+                for mi in range(m_act):
+                    for ni in range(n_act):
+                        mma(acc[w, mi, ni], af[mi], bf[ni])
+
+    # fragments -> staging tile (row r in page r // 32, chunk c at c ^ (r & 7)) -> rows
+    stage = np.full((4, 32 * 128), np.nan)
+    for w in range(8):
+        wm, wn = w >> 2, w & 3
+        for mi in range(4):
+            for h in range(2):
+                for ni in range(4):
+                    banks = np.zeros(32, int)
+                    for lane in range(32):
+                        g, q = lane >> 2, lane & 3
+                        r, c = 64 * wm + 16 * mi + 8 * h + g, 32 * wn + 8 * ni + 2 * q
+                        off = (r % 32) * 128 + (((c >> 2) ^ (r & 7)) << 2) + (c & 3)
+                        assert np.isnan(stage[r // 32, off:off + 2]).all(), "written twice"
+                        stage[r // 32, off:off + 2] = acc[w, mi, ni, lane, 2 * h:2 * h + 2]
+                        banks[[off % 32, (off + 1) % 32]] += 1
+                    assert banks.max() == 2   # 256 B in the minimum 2 wavefronts
+    tile = np.zeros((128, 128))
+    for r in range(128):
+        offs = [(r % 32) * 128 + ((ch ^ (r & 7)) << 2) for ch in range(32)]
+        assert len({(o // 4) % 8 for o in offs}) == 8
+        for ch, o in enumerate(offs):
+            tile[r, 4 * ch:4 * ch + 4] = stage[r // 32, o:o + 4]
+    return tile
+
+
+@pytest.mark.parametrize("m,k,n,row0,col0,rows,cols,k0,klen", [
+    (128, 32, 128, 0, 0, 128, 128, 0, 32),      # one full slice
+    (300, 100, 260, 128, 128, 128, 128, 0, 100),  # 4 slices, the last one partial
+    (7, 5, 3, 0, 0, 7, 3, 0, 5),
+    (129, 129, 130, 128, 128, 1, 2, 0, 129),     # 1 x 2 edge tile, 5 slices (stage reuse)
+    (200, 70, 200, 64, 8, 100, 77, 3, 61),       # nothing aligned
+    (1, 1, 1, 0, 0, 1, 1, 0, 1),
+    (16, 64, 300, 0, 128, 16, 128, 0, 64),       # batch-16 MLP tile: 1 of 4 m16 tiles active
+    (70, 40, 40, 0, 0, 70, 40, 0, 40),           # partial m16 tile in the second warp row
+])
+def test_bf16_tile_model(m, k, n, row0, col0, rows, cols, k0, klen):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(m * 1000 + k)
+    a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
+    # NaN outside the region: a read there, or a missing zero fill, would show
+    outside = np.ones(a.shape, bool)
+    outside[row0:row0 + rows, k0:k0 + klen] = False
+    a[outside] = np.nan
+    outside = np.ones(b.shape, bool)
+    outside[k0:k0 + klen, col0:col0 + cols] = False
+    b[outside] = np.nan
+    tile = _model_tile(a, b, row0, col0, rows, cols, k0, klen)
+    ref = (a[row0:row0 + rows, k0:k0 + klen].astype(np.float64)
+           @ b[k0:k0 + klen, col0:col0 + cols].astype(np.float64))
+    np.testing.assert_allclose(tile[:rows, :cols], ref, rtol=1e-12, atol=1e-12)
+    assert (tile[rows:] == 0).all() and (tile[:, cols:] == 0).all()
