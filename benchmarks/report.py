@@ -553,7 +553,8 @@ class TorchEnv:
         self.torch.cuda.synchronize()
 
     def fetch(self, case: W.TorchCase) -> dict:
-        return {name: t.cpu().numpy() for name, t in case.outputs.items()}
+        from megak.interop import _torch_to_numpy   # bf16 tensors have no .numpy()
+        return {name: _torch_to_numpy(t.cpu()) for name, t in case.outputs.items()}
 
     def release(self) -> None:
         self.torch.cuda.synchronize()

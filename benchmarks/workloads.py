@@ -40,6 +40,7 @@ from typing import Any, Callable
 import numpy as np
 
 import megak
+from megak.dtypes import UNIT_ROUNDOFF, numpy_dtype
 
 U = 2.0 ** -24                 # unit roundoff of fp32
 SAMPLE_EVERY = 64              # stratified sampling: one row (column) per this many
@@ -49,12 +50,7 @@ EXACT_BLOCK_ROWS = 512         # transpose checks compare this many output rows 
 #: Workloads DESIGN.md section 9 sets targets for that this suite does not measure yet (bf16).
 #: They are listed as "not yet available" in RESULTS.md, never measured or faked. When bf16
 #: GEMMs run on the device, add their builders below and remove them from here.
-_NO_BF16 = "no bf16 benchmark yet: it is added here once bf16 GEMMs run on the device"
-NOT_YET_AVAILABLE: dict[str, str] = {
-    "W2-1024x16-bf16": _NO_BF16,
-    "W2-4096x8-bf16": _NO_BF16,
-    "W3-8192-bf16": _NO_BF16,
-}
+NOT_YET_AVAILABLE: dict[str, str] = {}
 
 
 class CheckError(AssertionError):
@@ -68,12 +64,17 @@ def gemm_gamma(k: int) -> float:
 
 # ---- checks ----------------------------------------------------------------------------------
 
-def _check_array(got: np.ndarray, shape: tuple, what: str) -> None:
+def _check_array(got: np.ndarray, shape: tuple, what: str, dtype: str = "float32") -> None:
     if not isinstance(got, np.ndarray):
         raise CheckError(f"{what}: expected a numpy array, got {type(got).__name__}")
-    if got.shape != tuple(shape) or got.dtype != np.float32:
-        raise CheckError(f"{what}: expected a {tuple(shape)} float32 array, "
+    if got.shape != tuple(shape) or got.dtype != numpy_dtype(dtype):
+        raise CheckError(f"{what}: expected a {tuple(shape)} {dtype} array, "
                          f"got {got.shape} {got.dtype}")
+
+
+def rounding_slack(dtype: str, ref: np.ndarray) -> np.ndarray | float:
+    """What one rounding of the fp32 result to `dtype` may add (0 for fp32 itself)."""
+    return 0.0 if dtype == "float32" else UNIT_ROUNDOFF[dtype] * np.abs(ref)
 
 
 def check_bounded(got: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str) -> float:
@@ -141,32 +142,37 @@ class GemmReference:
     bound: np.ndarray | None = None
     ref_cols: np.ndarray | None = None  # sampled: M x cols
     bound_cols: np.ndarray | None = None
+    dtype: str = "float32"              # the output's dtype
 
     def check(self, got: np.ndarray, what: str) -> float:
-        _check_array(got, self.shape, what)
+        _check_array(got, self.shape, what, self.dtype)
+        slack = rounding_slack
         if self.rows is None:
-            return check_bounded(got, self.ref, self.bound, what)
-        r1 = check_bounded(got[self.rows], self.ref, self.bound, f"{what} (sampled rows)")
-        r2 = check_bounded(got[:, self.cols], self.ref_cols, self.bound_cols,
+            return check_bounded(got, self.ref, self.bound + slack(self.dtype, self.ref), what)
+        r1 = check_bounded(got[self.rows], self.ref,
+                           self.bound + slack(self.dtype, self.ref), f"{what} (sampled rows)")
+        r2 = check_bounded(got[:, self.cols], self.ref_cols,
+                           self.bound_cols + slack(self.dtype, self.ref_cols),
                            f"{what} (sampled columns)")
         return max(r1, r2)
 
 
 def gemm_reference(a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
-                   full_max_mnk: int = FULL_CHECK_MAX_MNK) -> GemmReference:
+                   full_max_mnk: int = FULL_CHECK_MAX_MNK,
+                   dtype: str = "float32") -> GemmReference:
     m, k = a.shape
     n = b.shape[1]
     gamma = gemm_gamma(k)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     abs_a, abs_b = np.abs(a64), np.abs(b64)
     if m * n * k <= full_max_mnk:
-        return GemmReference((m, n), ref=a64 @ b64, bound=gamma * (abs_a @ abs_b))
+        return GemmReference((m, n), ref=a64 @ b64, bound=gamma * (abs_a @ abs_b), dtype=dtype)
     rows = stratified(m, SAMPLE_EVERY, rng)
     cols = stratified(n, SAMPLE_EVERY, rng)
     return GemmReference(
         (m, n), rows=rows, cols=cols,
         ref=a64[rows] @ b64, bound=gamma * (abs_a[rows] @ abs_b),
-        ref_cols=a64 @ b64[:, cols], bound_cols=gamma * (abs_a @ abs_b[:, cols]))
+        ref_cols=a64 @ b64[:, cols], bound_cols=gamma * (abs_a @ abs_b[:, cols]), dtype=dtype)
 
 
 @dataclass
@@ -177,6 +183,7 @@ class ChainReference:
     weights64: list[np.ndarray]
     abs_weights64: list[np.ndarray]
     names: list[str]                 # output name of each layer's result
+    dtype: str = "float32"
 
     def check(self, outputs: dict, what: str) -> float:
         prev = self.x.astype(np.float64)
@@ -184,17 +191,20 @@ class ChainReference:
         for i, (w64, aw64, name) in enumerate(zip(self.weights64, self.abs_weights64,
                                                    self.names)):
             got = outputs[name]
-            _check_array(got, (prev.shape[0], w64.shape[1]), f"{what}, layer {i} ({name})")
-            bound = gemm_gamma(w64.shape[0]) * (np.abs(prev) @ aw64)
-            worst = max(worst, check_bounded(got, prev @ w64, bound,
-                                             f"{what}, layer {i} ({name})"))
+            _check_array(got, (prev.shape[0], w64.shape[1]), f"{what}, layer {i} ({name})",
+                         self.dtype)
+            ref = prev @ w64
+            bound = gemm_gamma(w64.shape[0]) * (np.abs(prev) @ aw64) + \
+                rounding_slack(self.dtype, ref)
+            worst = max(worst, check_bounded(got, ref, bound, f"{what}, layer {i} ({name})"))
             prev = got.astype(np.float64)   # the next layer's input is what was computed
         return worst
 
 
-def chain_reference(x: np.ndarray, weights: list[np.ndarray], names: list[str]) -> ChainReference:
+def chain_reference(x: np.ndarray, weights: list[np.ndarray], names: list[str],
+                    dtype: str = "float32") -> ChainReference:
     w64 = [w.astype(np.float64) for w in weights]
-    return ChainReference(x, w64, [np.abs(w) for w in w64], list(names))
+    return ChainReference(x, w64, [np.abs(w) for w in w64], list(names), dtype)
 
 
 # ---- workloads -------------------------------------------------------------------------------
@@ -319,38 +329,54 @@ def w1(n_ops: int = 1000, cols: int = 32) -> Workload:
         plan_check=check_chain_on_distinct_sms)
 
 
+def _as_dtype(a: np.ndarray, dtype: str) -> np.ndarray:
+    return a if dtype == "float32" else a.astype(numpy_dtype(dtype))
+
+
+def _to_torch(a: np.ndarray, torch, device):
+    """numpy (fp32 or ml_dtypes bf16) -> torch on device, bit for bit."""
+    if a.dtype == numpy_dtype("bfloat16"):
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).to(device)
+    return torch.from_numpy(a).to(device)
+
+
+_SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
 # W2 -----------------------------------------------------------------------------------------
 
-def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
+def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Workload:
     # every layer's result is an output (see the module docstring): h0 .. h{L-2}, then y
     names = [f"h{i}" for i in range(layers - 1)] + ["y"]
 
     def build():
         g = megak.Graph()
-        x = g.input("x", (batch, hidden), "float32")
+        x = g.input("x", (batch, hidden), dtype)
         for i in range(layers):
-            x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), "float32"))
+            x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), dtype))
             g.output(x, names[i])
         return g
 
     def make_inputs(rng):
         # scaled by 1/sqrt(hidden) so activations stay O(1) through the layers
         scale = np.float32(1.0 / np.sqrt(hidden))
-        inputs = {"x": rng.standard_normal((batch, hidden), dtype=np.float32)}
+        inputs = {"x": _as_dtype(rng.standard_normal((batch, hidden), dtype=np.float32), dtype)}
         for i in range(layers):
-            inputs[f"w{i}"] = rng.standard_normal((hidden, hidden), dtype=np.float32) * scale
+            inputs[f"w{i}"] = _as_dtype(
+                rng.standard_normal((hidden, hidden), dtype=np.float32) * scale, dtype)
         return inputs
 
     def reference(inputs, rng):
-        return chain_reference(inputs["x"], [inputs[f"w{i}"] for i in range(layers)], names)
+        return chain_reference(inputs["x"], [inputs[f"w{i}"] for i in range(layers)], names,
+                               dtype)
 
     def check(ref, outputs, what):
         return ref.check(outputs, what)
 
     def torch_case(inputs, torch, device):
-        x = torch.from_numpy(inputs["x"]).to(device)
-        ws = [torch.from_numpy(inputs[f"w{i}"]).to(device) for i in range(layers)]
-        bufs = [torch.empty((batch, hidden), dtype=torch.float32, device=device)
+        x = _to_torch(inputs["x"], torch, device)
+        ws = [_to_torch(inputs[f"w{i}"], torch, device) for i in range(layers)]
+        bufs = [torch.empty((batch, hidden), dtype=getattr(torch, dtype), device=device)
                 for _ in range(layers)]
 
         def run():
@@ -361,57 +387,59 @@ def w2(hidden: int, layers: int, batch: int = 16) -> Workload:
         return TorchCase(run, dict(zip(names, bufs)), bufs)
 
     flops = 2.0 * batch * hidden * hidden * layers
-    big = hidden * hidden * layers * 4 > (256 << 20)
+    size = 4 if dtype == "float32" else 2
+    big = hidden * hidden * layers * size > (256 << 20)
     return Workload(
-        name=f"W2-{hidden}x{layers}-fp32",
-        description=f"MLP-like GEMM chain, fp32: x ({batch}, {hidden}), then x = x @ W_i for "
-                    f"{layers} layers, each with its own ({hidden}, {hidden}) weight input "
+        name=f"W2-{hidden}x{layers}-{_SHORT[dtype]}",
+        description=f"MLP-like GEMM chain, {dtype}: x ({batch}, {hidden}), then x = x @ W_i "
+                    f"for {layers} layers, each with its own ({hidden}, {hidden}) weight input "
                     f"(every layer's result an output, to check each GEMM) "
-                    f"({flops / 1e9:.2f} GFLOP, {hidden * hidden * layers * 4 / 2**20:.0f} MiB "
-                    f"of weights)",
+                    f"({flops / 1e9:.2f} GFLOP, "
+                    f"{hidden * hidden * layers * size / 2**20:.0f} MiB of weights)",
         metric="us", work=0.0, build=build, make_inputs=make_inputs, reference=reference,
         check=check, torch_case=torch_case,
-        working_set_bytes=(batch * hidden * (layers + 1) + hidden * hidden * layers) * 4,
+        working_set_bytes=(batch * hidden * (layers + 1) + hidden * hidden * layers) * size,
         reps={v: ((100, 10) if big else (200, 20))
               for v in ("megak", "separate", "graph", "torch", "torch_graph")})
 
 
 # W3 -----------------------------------------------------------------------------------------
 
-def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK) -> Workload:
+def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK, dtype: str = "float32") -> Workload:
     def build():
         g = megak.Graph()
-        g.output(g.gemm(g.input("a", (n, n), "float32"), g.input("b", (n, n), "float32")), "y")
+        g.output(g.gemm(g.input("a", (n, n), dtype), g.input("b", (n, n), dtype)), "y")
         return g
 
     def make_inputs(rng):
-        return {"a": rng.standard_normal((n, n), dtype=np.float32),
-                "b": rng.standard_normal((n, n), dtype=np.float32)}
+        return {"a": _as_dtype(rng.standard_normal((n, n), dtype=np.float32), dtype),
+                "b": _as_dtype(rng.standard_normal((n, n), dtype=np.float32), dtype)}
 
     def reference(inputs, rng):
-        return gemm_reference(inputs["a"], inputs["b"], rng, full_max_mnk)
+        return gemm_reference(inputs["a"], inputs["b"], rng, full_max_mnk, dtype)
 
     def check(ref, outputs, what):
         return ref.check(outputs["y"], what)
 
     def torch_case(inputs, torch, device):
-        a = torch.from_numpy(inputs["a"]).to(device)
-        b = torch.from_numpy(inputs["b"]).to(device)
-        c = torch.empty((n, n), dtype=torch.float32, device=device)
+        a = _to_torch(inputs["a"], torch, device)
+        b = _to_torch(inputs["b"], torch, device)
+        c = torch.empty((n, n), dtype=getattr(torch, dtype), device=device)
 
         def run():
             torch.mm(a, b, out=c)
         return TorchCase(run, {"y": c}, [c])
 
-    # ~40 ms per 8192^3 run inside the megakernel: few reps there
+    # ~40 ms per 8192^3 fp32 run inside the megakernel: few reps there
     reps = (10, 2) if n >= 8192 else (20, 3)
     return Workload(
-        name=f"W3-{n}-fp32",
-        description=f"one fp32 GEMM, M = N = K = {n} ({2.0 * n**3 / 1e12:.2f} TFLOP); "
-                    f"torch with TF32 off",
+        name=f"W3-{n}-{_SHORT[dtype]}",
+        description=f"one {dtype} GEMM, M = N = K = {n} ({2.0 * n**3 / 1e12:.2f} TFLOP); "
+                    + ("torch with TF32 off" if dtype == "float32" else
+                       "fp32 accumulation, bf16 output; torch = cuBLAS bf16"),
         metric="TFLOP/s", work=2.0 * n ** 3, build=build, make_inputs=make_inputs,
         reference=reference, check=check, torch_case=torch_case,
-        working_set_bytes=3 * n * n * 4,
+        working_set_bytes=3 * n * n * (4 if dtype == "float32" else 2),
         reps={v: reps for v in ("megak", "separate", "graph", "torch", "torch_graph")})
 
 
@@ -575,6 +603,10 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
     "W2-4096x8-fp32": lambda: w2(4096, 8),
     "W3-4096-fp32": lambda: w3(4096),
     "W3-8192-fp32": lambda: w3(8192),
+    "W2-1024x16-bf16": lambda: w2(1024, 16, dtype="bfloat16"),
+    "W2-4096x8-bf16": lambda: w2(4096, 8, dtype="bfloat16"),
+    "W2-8192x8-bf16": lambda: w2(8192, 8, dtype="bfloat16"),
+    "W3-8192-bf16": lambda: w3(8192, dtype="bfloat16"),
     "W4-16384-fp32": lambda: w4(16384),
     "W5-1GiB": w5,
     "W6-lower-100k": w6_lower,

@@ -106,8 +106,10 @@ def test_targets_match_design_section_9():
 
 def test_registry_names():
     assert list(W.FACTORIES) == ["W1", "W2-1024x16-fp32", "W2-4096x8-fp32", "W3-4096-fp32",
-                                 "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB", "W6-lower-100k",
-                                 "W6-compile-cold", "W6-compile-cached"]
+                                 "W3-8192-fp32", "W2-1024x16-bf16", "W2-4096x8-bf16",
+                                 "W2-8192x8-bf16", "W3-8192-bf16", "W4-16384-fp32", "W5-1GiB",
+                                 "W6-lower-100k", "W6-compile-cold", "W6-compile-cached"]
+    assert W.NOT_YET_AVAILABLE == {}
     assert set(W.QUICK) <= set(W.FACTORIES)
     assert "W3-8192-fp32" not in W.QUICK and "W5-1GiB" not in W.QUICK
     for name in ("W2-1024x16-fp32", "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
@@ -190,7 +192,6 @@ def test_markdown(doc):
     assert "| W5-1GiB | >= 3,950 GB/s | FAILED (see Failures) |" in summary
     assert "| W4-16384-fp32 | >= 3,600 GB/s | not run |" in summary
     assert "**FAILED** W5-1GiB / megak: timing/check: CheckError: not exact" in md
-    assert "## Not yet available" in md and "- W3-8192-bf16: not measured" in md
     assert "- torch_graph: example" in md
     assert "Note: 1000 ops on 132 SMs" in md
     assert md.split("## Memory audit (Nsight Compute)")[1].strip().startswith("| op | grid |")
@@ -641,3 +642,25 @@ def test_main_end_to_end_on_the_simulator(monkeypatch, tmp_path, capsys):
     md = (tmp_path / "RESULTS-quick.md").read_text()
     assert "Quick smoke run" in md and "torch unavailable: ImportError" in md
     assert "### W1-10x32\n\na dependent chain of 10 copies" in md
+
+
+@pytest.mark.parametrize("factory", [lambda: W.w2(64, 3, dtype="bfloat16"),
+                                     lambda: W.w3(96, dtype="bfloat16")],
+                         ids=["w2-bf16", "w3-bf16"])
+def test_bf16_workloads_are_checked_on_the_simulator(rng, factory):
+    w = factory()
+    assert w.name.endswith("-bf16")
+    res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=SimBench)
+    assert fails == [] and {r["variant"] for r in res} >= {"megak", "separate", "graph"}
+    # and a wrong bf16 result is caught: perturb one element by 4 bf16 ulps
+    inputs = w.make_inputs(rng)
+    ref = w.reference(inputs, rng)
+    prog = megak.compile(w.build(), backend="sim", n_sm=4)
+    out = prog.run(**inputs)
+    name = list(out)[-1]
+    bad = dict(out)
+    bad[name] = out[name].copy()
+    bad[name][0, 0] = (out[name][0, 0].astype(np.float32) * (1 + 4 * 2.0 ** -8) + 1).astype(out[name].dtype)
+    with pytest.raises(W.CheckError):
+        w.check(ref, bad, "perturbed")

@@ -66,7 +66,6 @@ static_assert(MK_GEMM_BF16_B_OFFSET + MK_GEMM_BF16_BK * 128 * 2 == MK_PAGE_BYTES
               "an A slice and a B slice fill one page");
 static_assert(MK_THREADS == 256, "8 warps as 2 x 4, 2 A + 2 B chunks per thread per stage");
 
-template <bool B> struct mk_bool { static constexpr bool value = B; };
 
 __device__ __forceinline__ int mk_clamp(int v, int lo, int hi)
 {
@@ -195,9 +194,10 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
     const int n_act = mk_clamp((cols - 32 * wn + 7) / 8, 0, 4);
 
     /* One k slice from stage address st: 2 k16 steps of 4 x 4 MMAs. FULL: every tile active
-     * (the steady state; straight-line code the scheduler can interleave). */
-    auto mma_slice = [&](mk_u32 st, auto full) {
-        constexpr bool FULL = decltype(full)::value;
+     * (the steady state; straight-line code the scheduler can interleave). A plain bool, not
+     * a generic lambda (NVRTC 13.0 rejects those in device code): the lambda is inlined at
+     * both call sites with a constant argument, so the tests fold away all the same. */
+    auto mma_slice = [&](mk_u32 st, const bool FULL) {
 #pragma unroll
         for (int ks = 0; ks < MK_GEMM_BF16_BK / 16; ++ks) {
             mk_u32 af[4][4], bfr[4][2];
@@ -247,9 +247,9 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
 
         const mk_u32 st = mk_smem_addr(pages[kt & (MK_GEMM_BF16_STAGES - 1)]);
         if (m_act == 4 && n_act == 4)
-            mma_slice(st, mk_bool<true>());
+            mma_slice(st, true);
         else if (m_act > 0 && n_act > 0)
-            mma_slice(st, mk_bool<false>());
+            mma_slice(st, false);
     }
     mk_trace_mark(MK_T_COMPUTED);
 
