@@ -687,6 +687,8 @@ def run_host_workload(w: W.HostWorkload, quick: bool, log=print) -> tuple[list, 
                     t0 = time.perf_counter()
                     product = w.step(state, prepared)
                     dt = time.perf_counter() - t0
+                    # a step run in a child process reports its own time (no process start)
+                    dt = getattr(product, "elapsed_s", dt)
                 finally:
                     w.cleanup(state, prepared)
                 note = w.check(state, product)   # every run's product, timed or not
