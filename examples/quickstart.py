@@ -13,7 +13,7 @@ def main() -> None:
     a = g.input("a", (384, 256), "float32")
     b = g.input("b", (256, 300), "float32")
     h = g.gemm(a, b)             # (384, 300), 128 x 128 tiles with edge tiles
-    ht = g.transpose(h)          # (300, 384), 128 x 128 tiles through shared-memory pages
+    ht = g.transpose(h)          # (300, 384), 128 x 128 tiles through registers
     y = g.gemm(ht, a)            # (300, 256): each tile waits only on the rows it reads
     g.output(g.copy(y), "y")
 

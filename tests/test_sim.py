@@ -114,7 +114,7 @@ def test_random_orders_agree_with_round_robin(rng):
 
 
 def test_two_slots_overlap_pages_and_respect_the_budget(rng):
-    # copy, transpose and gemm (4 pages each) share an SM; two slots may hold 8 at once
+    # copy and transpose (no pages) and gemm (4 pages) share an SM; two slots may hold 8
     _, prog = two_stage(n_sm=1)
     prog.run(**inputs(rng))
     peak = prog._executor.last_peak_pages[0]

@@ -47,8 +47,8 @@ enum mk_op_shapes {
     MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): 4-stage cp.async ring, a 32-deep k slice
                                   of A and B per page; must stay <= MK_GEMM_PAGES */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
-    MK_TRANSPOSE_PAGES = 4,    /* the region's A tile, 32 rows of 512 B per page */
-    MK_COPY_PAGES = 4          /* staging ring: 64 KiB of loads in flight per SM */
+    MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
+    MK_COPY_PAGES = 0          /* register pipeline: 64 KiB of loads in flight per SM */
 };
 
 enum mk_opcode {

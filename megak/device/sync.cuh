@@ -143,7 +143,7 @@ __device__ __forceinline__ void mk_cp_async_wait_all()
     asm volatile("cp.async.wait_all;" : : : "memory");
 }
 
-/* ---- tensor data through pages (copy, transpose) ---------------------------------------- *
+/* ---- tensor data through pages (unused now: copy and transpose keep data in registers) - *
  * cp.async is a weak generic-proxy access like mk_ld_f4 (not the async proxy of TMA), so the
  * consumer contract above covers it: data another SM produced is read only after this block's
  * acquire + barrier. .cg reads at L2 and never allocates in L1. The shared addresses are

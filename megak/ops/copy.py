@@ -1,7 +1,7 @@
 """Copy: out = x, lowered into bands of whole rows of about COPY_CHUNK_BYTES each, large enough
 that per-instruction overhead is small against the bytes moved, small enough to spread a big
-copy over every SM. A copy holds PAGES pages (instr.h): the device streams the data through them
-as a ring of asynchronous copies, 64 KiB of loads in flight per SM."""
+copy over every SM. A copy holds PAGES = 0 pages (instr.h): the device streams the data through
+registers, 64 KiB of loads in flight per SM, with no shared-memory hop."""
 from __future__ import annotations
 
 import numpy as np

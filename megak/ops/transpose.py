@@ -1,6 +1,7 @@
 """Transpose: out = x^T, lowered into TILE x TILE tiles in output coordinates (128, from
-instr.h); each tile goes through PAGES shared-memory pages on the device (128 * 128 fp32 =
-4 pages): the whole tile's loads are in flight at once, which is what sets the bandwidth."""
+instr.h); on the device each tile travels in registers as 4 x 4 blocks (PAGES = 0, no
+shared-memory hop): the whole tile's loads (64 KiB) are in flight at once, which is what sets
+the bandwidth."""
 from __future__ import annotations
 
 import numpy as np

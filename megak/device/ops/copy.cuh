@@ -1,5 +1,5 @@
 /* MK_OP_COPY: out[r, c] = A[r, c] for r in [row0, row0 + rows), c in [col0, col0 + cols).
- * MK_COPY_PAGES pages (a staging ring). Operands: MK_ARG_A, MK_ARG_OUT.
+ * No pages (MK_COPY_PAGES = 0). Operands: MK_ARG_A, MK_ARG_OUT.
  *
  * Pure bandwidth. Why it is shaped like this:
  *  - The region is walked as one linear index space of (row, column-unit) pairs, thread t
@@ -9,20 +9,28 @@
  *    (row, col) advance incrementally: no integer division in the loop.
  *  - Bytes in flight decide HBM bandwidth (Little: ~2.1 TB/s of reads x ~1 us / 132 SMs =
  *    16 KiB of reads per SM at the unloaded latency, several times that as the latency grows
- *    near saturation). Loads into registers cannot keep that many steadily: a batch of U
- *    loads drains to zero before its stores and the next batch (8 float4 per thread: 32 KiB
- *    peak, far less on average, 3.6 TB/s measured). So the float4 body streams through a
- *    per-thread ring of cp.async copies in the instruction's pages:
- *
- *        page p, stage k (4 per page):  [ k*4 KiB + 16 * thread ]   (16 B per thread per stage)
- *
- *    MK_COPY_STAGES = 16 stages, one commit group each; stage s is stored once
- *    cp.async.wait_group<15> says its group landed, and its slot is refilled with stage s + 16
- *    right after. 16 x 16 B x 256 threads = 64 KiB of loads in flight per SM continuously
- *    (8.4 MB over 132 SMs, ~2x HBM's bandwidth-delay product), with no register cost and no
- *    barrier: each thread reads back only its own copies, which wait_group makes visible to it.
- *  - Small bodies (<= one unit per thread) skip the ring: one load, one store, no shared
- *    memory hop, the shortest dependent path (chains of tiny copies).
+ *    near saturation). One batch of loads, then its stores, drains to zero before the next
+ *    batch (8 float4 per thread: 32 KiB peak, far less on average, 3.6 TB/s measured). So the
+ *    float4 body is a rolling pipeline in registers: MK_COPY_GROUPS = 2 groups of
+ *    MK_COPY_GROUP_LOADS = 8 float4 per thread; the oldest group is stored as soon as it lands
+ *    and reloaded with the units 16 further on while the other group is in flight:
+ *    16 x 16 B x 256 threads = 64 KiB of loads in flight per SM almost all the time
+ *    (8.4 MB over 132 SMs, ~2x HBM's bandwidth-delay product). A group's stores wait only for
+ *    that group's loads (2 x 8, not 16 separate waits: few scoreboards). Not yet measured
+ *    against the ring's 3.7 TB/s; MK_COPY_GROUPS = 3 (96 KiB) also compiles without spills.
+ *    Measure inside the megakernel too: LDG data lands in L1 first, and 13 pages leave L1
+ *    ~28 KB there (cp.async.cg wrote straight into the pages), which may cap loads in flight.
+ *  - Why registers and not shared memory: the previous version streamed through a cp.async
+ *    ring in 4 pages, each thread reading back its own 16-B slots. That was conflict-free by
+ *    address (a warp's LDS.128 covers 512 contiguous bytes: every 8-lane phase 128 B), yet
+ *    Nsight Compute counted ~5% extra LDS wavefronts: the cp.async fills land in the same
+ *    data banks the LDS reads while the ring runs, and the hardware bank-conflict counter
+ *    counts that arbitration, which no layout removes. Registers cost nothing here (the GEMM
+ *    sets the kernel's budget, ~250 per thread; this needs 64 for data), the pipeline moves
+ *    16 B with 2 LSU instructions instead of 3 (LDG + STG vs LDGSTS + LDS + STG), and the
+ *    copy holds no pages, which stay free for the instruction in the other slot.
+ *  - Small bodies (<= one unit per thread) skip the pipeline: one load, one store, the
+ *    shortest dependent path (chains of tiny copies).
  *  - Columns split into a scalar head, a float4 body and a scalar tail when A and OUT have the
  *    same 16-byte phase (always the case for megak-owned buffers); otherwise all scalar,
  *    still coalesced, registers only, with U = 16 loads in flight per thread.
@@ -34,15 +42,14 @@
 #include "../sync.cuh"
 #include "../pages.cuh"
 
-/* MK_COPY_PAGES (instr.h). Operand positions read (prefetched and validated): */
+/* Operand positions read (prefetched and validated), and the register pipeline's shape. */
 enum {
     MK_COPY_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT),
-    MK_COPY_STAGE_BYTES = MK_THREADS * 16,                                /* one float4 each */
-    MK_COPY_STAGES_PER_PAGE = MK_PAGE_BYTES / MK_COPY_STAGE_BYTES,
-    MK_COPY_STAGES = MK_COPY_PAGES * MK_COPY_STAGES_PER_PAGE
+    MK_COPY_GROUPS = 2,        /* groups of loads in flight, each stored then reloaded whole */
+    MK_COPY_GROUP_LOADS = 8,   /* float4 per thread per group */
+    MK_COPY_STAGES = MK_COPY_GROUPS * MK_COPY_GROUP_LOADS   /* 16 float4 = 64 registers */
 };
-static_assert(MK_PAGE_BYTES % MK_COPY_STAGE_BYTES == 0 && MK_COPY_PAGES >= 1,
-              "the copy ring needs whole stages per page");
+static_assert(MK_COPY_PAGES == 0, "the copy streams through registers: it needs no pages");
 
 /* Record-only limits, checked before every run. */
 __device__ __forceinline__ bool mk_copy_check(const mk_instr& in)
@@ -111,11 +118,11 @@ struct mk_copy_walk {
     }
 };
 
-/* The float4 body through the page ring (see the top of the file). src/dst and both leading
- * dimensions 16-B aligned. */
-__device__ __forceinline__ void mk_copy_ring(const float* src, mk_u32 lds, float* dst,
-                                             mk_u32 ldd, int rows, int units,
-                                             const mk_pages& pages)
+/* The float4 body as a rolling register pipeline (see the top of the file): MK_COPY_GROUPS
+ * groups of MK_COPY_GROUP_LOADS float4 per thread. src/dst and both leading dimensions 16-B
+ * aligned. */
+__device__ __forceinline__ void mk_copy_stream(const float* src, mk_u32 lds, float* dst,
+                                               mk_u32 ldd, int rows, int units)
 {
     const int dr = MK_THREADS / units, dc = MK_THREADS % units;
     const int t = (int)threadIdx.x, r = t / units, c = t % units;
@@ -126,47 +133,45 @@ __device__ __forceinline__ void mk_copy_ring(const float* src, mk_u32 lds, float
     const mk_u64 wrap_d = 4ull * ((mk_u64)ldd - 4u * (mk_u32)units);
     mk_copy_walk in = {r, c, (mk_u64)(src + (mk_u64)r * lds + 4 * c)};    /* next to load */
     mk_copy_walk out = {r, c, (mk_u64)(dst + (mk_u64)r * ldd + 4 * c)};   /* next to store */
-    mk_u32 slot[MK_COPY_PAGES];   /* this thread's 16 B in stage 0 of each page */
-#pragma unroll
-    for (int p = 0; p < MK_COPY_PAGES; ++p)
-        slot[p] = mk_smem_addr(pages[p]) + 16u * (mk_u32)t;
+    float4 x[MK_COPY_GROUPS][MK_COPY_GROUP_LOADS];
 
-    /* prologue: fill every stage (one commit group per stage, empty past the end) */
+    /* prologue: every group in flight. Past the end a slot gets zeros (never stored), not
+     * "keeps its old value": an `if` around the load made that old value live across the
+     * load, and the megakernel (not megak_op) spilled with as little as 2 x 4 float4. */
 #pragma unroll
-    for (int k = 0; k < MK_COPY_STAGES; ++k) {
-        if (in.r < rows)
-            mk_cp_async_f4(slot[k / MK_COPY_STAGES_PER_PAGE] +
-                               (k % MK_COPY_STAGES_PER_PAGE) * MK_COPY_STAGE_BYTES,
-                           reinterpret_cast<const float*>(in.at));
-        mk_cp_async_commit();
-        in.next(dr, dc, units, step_s, wrap_s);
-    }
-    /* steady state: store stage s, refill its slot with stage s + MK_COPY_STAGES. `in` runs
-     * MK_COPY_STAGES units ahead of `out`, so it is past the end whenever `out` is. */
+    for (int g = 0; g < MK_COPY_GROUPS; ++g)
+#pragma unroll
+        for (int u = 0; u < MK_COPY_GROUP_LOADS; ++u) {
+            x[g][u] = in.r < rows ? mk_ld_f4(reinterpret_cast<const float*>(in.at))
+                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+            in.next(dr, dc, units, step_s, wrap_s);
+        }
+    /* steady state: store group g (its loads are the oldest in flight), reload it with the
+     * units MK_COPY_STAGES further on. `in` runs MK_COPY_STAGES units ahead of `out`, so it
+     * is past the end whenever `out` is. */
     while (out.r < rows) {
 #pragma unroll
-        for (int k = 0; k < MK_COPY_STAGES; ++k) {
-            if (out.r < rows) {
-                const mk_u32 a = slot[k / MK_COPY_STAGES_PER_PAGE] +
-                                 (k % MK_COPY_STAGES_PER_PAGE) * MK_COPY_STAGE_BYTES;
-                /* groups committed so far: MK_COPY_STAGES + s; stage s is the (s+1)-th */
-                mk_cp_async_wait_group<MK_COPY_STAGES - 1>();
-                mk_st_f4(reinterpret_cast<float*>(out.at), mk_lds_f4(a));
-                /* the store consumed the shared load's value: the slot is free to refill */
-                if (in.r < rows)
-                    mk_cp_async_f4(a, reinterpret_cast<const float*>(in.at));
-                mk_cp_async_commit();
-                in.next(dr, dc, units, step_s, wrap_s);
+        for (int g = 0; g < MK_COPY_GROUPS; ++g) {
+#pragma unroll
+            for (int u = 0; u < MK_COPY_GROUP_LOADS; ++u) {
+                if (out.r < rows)
+                    mk_st_f4(reinterpret_cast<float*>(out.at), x[g][u]);
                 out.next(dr, dc, units, step_d, wrap_d);
+            }
+#pragma unroll
+            for (int u = 0; u < MK_COPY_GROUP_LOADS; ++u) {
+                x[g][u] = in.r < rows ? mk_ld_f4(reinterpret_cast<const float*>(in.at))
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+                in.next(dr, dc, units, step_s, wrap_s);
             }
         }
     }
-    mk_cp_async_wait_all();   /* nothing real is pending; no copy may outlive the pages */
 }
 
 __device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor* op,
                                             const mk_pages& pages)
 {
+    (void)pages;
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
     const int rows = in.rows, cols = in.cols;
@@ -186,7 +191,7 @@ __device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor*
         mk_copy_rect<4>(s, A.ld, d, O.ld, rows, head);
         if ((long long)rows * body <= MK_THREADS) {
             /* one unit per thread at most: the shortest dependent path (no division for a
-             * single row, no shared memory hop) */
+             * single row, no loop) */
             const int t = (int)threadIdx.x;
             if (body > 0 && t < rows * body) {
                 const int r = rows == 1 ? 0 : t / body, c = t - r * body;
@@ -194,7 +199,7 @@ __device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor*
                          mk_ld_f4(s + head + (mk_u64)r * A.ld + 4 * c));
             }
         } else
-            mk_copy_ring(s + head, A.ld, d + head, O.ld, rows, body, pages);
+            mk_copy_stream(s + head, A.ld, d + head, O.ld, rows, body);
         mk_copy_rect<4>(s + head + 4 * body, A.ld, d + head + 4 * body, O.ld, rows, tail);
     } else {
         mk_copy_rect<16>(s, A.ld, d, O.ld, rows, cols);   /* 4-B units: more in flight */

@@ -1,40 +1,39 @@
 /* MK_OP_TRANSPOSE: out[r, c] = A[c, r] for r in [row0, row0 + rows), c in [col0, col0 + cols)
- * (the region is in OUTPUT coordinates), rows, cols <= MK_TRANSPOSE_TILE = 128. Four pages.
+ * (the region is in OUTPUT coordinates), rows, cols <= MK_TRANSPOSE_TILE = 128. No pages.
  * Operands: A, OUT.
  *
  * Why 128 x 128: a transpose is one memory latency per instruction (load the tile, then store
  * it), so bytes per instruction are bytes in flight per SM. 64 KiB per SM (8.4 MB over 132
  * SMs) is ~2x HBM's bandwidth-delay product, where a 64 x 64 tile (16 KiB) capped the op near
- * 2 TB/s; and every row segment, read or written, is 512 contiguous bytes.
+ * 2 TB/s.
  *
- * The tile travels as A's rows, untransposed: S(i, j) = A[col0 + i][row0 + j] = out[row0 + j]
- * [col0 + i], i = A row (output column), j = A column (output row). A row is 128 floats =
- * 512 B = 32 chunks of 16 B; page i >> 5 holds rows 32 (i >> 5) .. + 31. Chunks are
- * XOR-swizzled within their row (there is no room for padding: 4 x 16 KiB exactly):
+ * Why registers and no shared memory: the tile is 1024 blocks of 4 x 4 floats, 4 per thread.
+ * A thread loads its blocks' 4 A rows (float4 each), transposes them in registers (renaming
+ * and a few moves) and stores 4 output rows (float4 each): 16 loads of 16 B in
+ * flight per thread (64 registers: the GEMM sets the kernel's budget, ~250), no barrier, no
+ * shared-memory hop. The previous shared-memory version (cp.async tile, XOR swizzle, LDS) was
+ * conflict-free by address, yet Nsight Compute counted ~6.5% extra LDS wavefronts: the
+ * hardware bank-conflict counter also counts arbitration with other traffic on the L1 data
+ * banks (cp.async fills, global stores), which no layout removes. Without the hop there is
+ * nothing to conflict, and 2 LSU instructions move each 16 B instead of 3.
  *
- *     byte offset of S(i, j) in page i >> 5 =
- *         (i & 31) * 512  +  (((j >> 2) ^ (i >> 2)) & 31) * 16  +  (j & 3) * 4
+ * Tile coordinates: S(i, j) = A[col0 + i][row0 + j] = out[row0 + j][col0 + i]. Block (P, Q) =
+ * A rows 4P..4P+3 (output columns), A columns 4Q..4Q+3 (output rows), P, Q in 0..31.
+ * Thread (warp w, lane l) holds blocks b = 0..3:
  *
- * 1. Load: all 16 cp.async of a thread (the whole 64 KiB region per SM) are issued before
- *    anything waits; no registers hold data. Warp w, step k copies A row i = w + 8k (page
- *    k >> 2), lane = chunk q: one warp instruction reads 512 contiguous bytes (4 full lines).
- *    Shared side, conflict-free: a 16-B access is served per 8-lane phase; lanes 8m..8m+7 write
- *    chunks q ^ f (f = (i >> 2) & 31 fixed for the row) of one row; XOR with a constant maps
- *    the aligned group {8m..8m+7} onto an aligned group of 8 chunks = 128 B = all 32 banks once.
- * 2. cp.async.wait_all + barrier: the tile is visible to every thread.
- * 3. Store: a warp task is 4 output rows j (lane & 3 = j & 3) x 8 output chunks p (lane >> 2),
- *    i.e. 4 full 128-B lines of out per warp instruction. Lane (jl, pl) builds out[j][4p..4p+3]
- *    from 4 scalar reads S(4p + k, j), k = 0..3, then one 16-B store. Shared side,
- *    conflict-free: for fixed k the 32 lanes read rows i = 4p + k, so i >> 2 = p; the word
- *    index mod 32 is 4 * (((j >> 2) ^ p) & 7) + (j & 3) (row pitch 512 B and page bases are
- *    multiples of 128 B). j >> 2 is the same for the warp, p & 7 = pl takes 8 distinct values
- *    (p = 8 (warp & 3) + pl), so ((j >> 2) ^ p) & 7 does too, and j & 3 = jl spreads each over
- *    4 words: 32 distinct banks. Warp w always stores output chunks p of page w & 3.
- *  - edges: rows of A past the region are not loaded (nor read back); a partial chunk
- *    (region ends inside it) loads only its valid bytes and zero-fills; an A that is not
- *    16-B aligned (base or leading dimension) goes through 4-byte cp.async (same layout; its
- *    shared writes are 4-way conflicted, a rare path); an unaligned OUT or a partial output
- *    chunk is stored with scalars. Values outside the region are never written.
+ *     P = 8 (w & 3) + 4 (b & 1) + (l >> 3),     Q = 16 (w >> 2) + 8 (b >> 1) + (l & 7)
+ *
+ *  - load (b, k): A row 4P + k, columns 4Q..4Q+3. A warp instruction covers 4 rows (l >> 3)
+ *    x 8 consecutive chunks (l & 7) = 4 whole 128-B lines: 16 sectors per request.
+ *  - store (b, m): out row 4Q + m, columns 4P..4P+3 = (x[b][0].m, .., x[b][3].m). A warp
+ *    instruction covers 8 rows (l & 7) x 4 consecutive chunks (l >> 3) = 8 x 64 B: 16 sectors
+ *    per request; blocks b and b ^ 1 of the same warp complete each 128-B line. (16 sectors
+ *    with rows 64-B aligned, ld % 16 == 0 as for 8192 x 8192; a ld only 16-B aligned costs
+ *    up to 20 (loads) / 24 (stores) sectors per 512 B, the old 512-B rows 17.)
+ *  - edges: rows of A past the region are not loaded, columns past it read as zero
+ *    (mk_ld_f4_edge: scalars for a partial chunk or an A that is not 16-B aligned); output
+ *    rows past the region are not stored, partial chunks and an unaligned OUT are stored with
+ *    scalars (mk_st_f4_edge). Nothing outside the region is read or written.
  */
 #ifndef MEGAK_OP_TRANSPOSE_CUH
 #define MEGAK_OP_TRANSPOSE_CUH
@@ -43,15 +42,12 @@
 #include "../sync.cuh"
 #include "../pages.cuh"
 
-/* MK_TRANSPOSE_PAGES = 4, MK_TRANSPOSE_TILE = 128 come from instr.h. */
+/* MK_TRANSPOSE_PAGES = 0, MK_TRANSPOSE_TILE = 128 come from instr.h. */
 enum {
-    MK_TRANSPOSE_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT),
-    MK_TRANSPOSE_ROWS_PER_PAGE = MK_PAGE_BYTES / (MK_TRANSPOSE_TILE * 4)
+    MK_TRANSPOSE_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT)
 };
-static_assert(MK_TRANSPOSE_TILE == 128 && MK_TRANSPOSE_ROWS_PER_PAGE == 32 &&
-              MK_TRANSPOSE_PAGES == MK_TRANSPOSE_TILE / MK_TRANSPOSE_ROWS_PER_PAGE &&
-              MK_THREADS == 256,
-              "the swizzle and the warp tasks below assume 128 x 128 fp32 over 4 pages, 8 warps");
+static_assert(MK_TRANSPOSE_TILE == 128 && MK_TRANSPOSE_PAGES == 0 && MK_THREADS == 256,
+              "the block map below assumes a 128 x 128 tile (32 x 32 blocks of 4 x 4), 8 warps");
 
 __device__ __forceinline__ bool mk_transpose_check(const mk_instr& in)
 {
@@ -66,38 +62,53 @@ __device__ __forceinline__ bool mk_transpose_check_operands(const mk_instr& in,
            mk_region_ok(op[MK_ARG_A], in.col0, in.cols, in.row0, in.rows);
 }
 
-/* Byte offset of S(i, j) in page i >> 5 (0 <= i, j < 128). */
-__device__ __forceinline__ mk_u32 mk_transpose_swz(int i, int j)
-{
-    return ((mk_u32)(i & 31) << 9) | ((mk_u32)(((j >> 2) ^ (i >> 2)) & 31) << 4) |
-           ((mk_u32)(j & 3) << 2);
-}
-
-/* Step 1 of a 16-B aligned A: lane q's chunk of rows i = warp + 8k, k = 0..15 (page k >> 2,
- * i & 31 = warp + 8 (k & 3), i >> 2 = 2k + (warp >> 2)). FULL: whole chunks (bytes = 16). */
+/* The thread's 4 blocks: all 16 loads, then all 16 stores. FULL: a whole 128 x 128 region with
+ * A and OUT 16-B aligned (every interior tile), no checks at all. ni = A rows (output
+ * columns), nj = A columns (output rows). */
 template <bool FULL>
-__device__ __forceinline__ void mk_transpose_load_rows(const mk_u32* page, int warp, int q,
-                                                       int ni, const float* src, mk_u64 step,
-                                                       mk_u32 bytes)
+__device__ __forceinline__ void mk_transpose_blocks(const float* a, mk_u32 lda, float* o,
+                                                    mk_u32 ldo, int ni, int nj, bool a_vec,
+                                                    bool o_vec)
 {
-    const int wq = warp >> 2;
+    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
+    const int p0 = 8 * (warp & 3) + (lane >> 3);    /* P of block 0; + 4 (b & 1) */
+    const int q0 = 16 * (warp >> 2) + (lane & 7);   /* Q of block 0; + 8 (b >> 1) */
+    float4 x[4][4];                                 /* [b][k]: A row 4P + k, columns 4Q.. */
 #pragma unroll
-    for (int k = 0; k < MK_TRANSPOSE_TILE / 8; ++k) {
-        if (warp + 8 * k < ni) {
-            const mk_u32 dst = page[k / 4] + (mk_u32)(warp + 8 * (k & 3)) * 512u +
-                               ((mk_u32)((q ^ (2 * k + wq)) & 31) << 4);
+    for (int b = 0; b < 4; ++b) {
+        const int p = p0 + 4 * (b & 1), q = q0 + 8 * (b >> 1);
+        const float* s = a + (mk_u64)(4 * p) * lda + 4 * q;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
             if (FULL)
-                mk_cp_async_f4(dst, src);
+                x[b][k] = mk_ld_f4(s + (mk_u64)k * lda);
             else
-                mk_cp_async_f4z(dst, src, bytes);
+                x[b][k] = 4 * p + k < ni ? mk_ld_f4_edge(s + (mk_u64)k * lda, nj - 4 * q, a_vec)
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        src += step;
+    }
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+        const int p = p0 + 4 * (b & 1), q = q0 + 8 * (b >> 1);
+        float* d = o + (mk_u64)(4 * q) * ldo + 4 * p;
+        const float4 y[4] = {make_float4(x[b][0].x, x[b][1].x, x[b][2].x, x[b][3].x),
+                             make_float4(x[b][0].y, x[b][1].y, x[b][2].y, x[b][3].y),
+                             make_float4(x[b][0].z, x[b][1].z, x[b][2].z, x[b][3].z),
+                             make_float4(x[b][0].w, x[b][1].w, x[b][2].w, x[b][3].w)};
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            if (FULL)
+                mk_st_f4(d + (mk_u64)m * ldo, y[m]);
+            else if (4 * q + m < nj)
+                mk_st_f4_edge(d + (mk_u64)m * ldo, y[m], ni - 4 * p, o_vec);
+        }
     }
 }
 
 __device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_tensor* op,
                                                  const mk_pages& pages)
 {
+    (void)pages;
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
     const int nj = in.rows;   /* output rows    = columns of the A tile */
@@ -109,90 +120,12 @@ __device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_te
     float* o = reinterpret_cast<float*>(O.ptr) + (mk_u64)in.row0 * ldo + in.col0;
     const bool a_vec = mk_vec_ok(a, lda);
     const bool o_vec = mk_vec_ok(o, ldo);
-    const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31;
-
-    mk_u32 page[MK_TRANSPOSE_PAGES];
-#pragma unroll
-    for (int k = 0; k < MK_TRANSPOSE_PAGES; ++k)
-        page[k] = mk_smem_addr(pages[k]);
-
-    /* 1. load: rows i = warp + 8k, chunk q = lane. nq (valid floats of the chunk) is the same
-     * for every row, so each lane takes one path for the whole tile. */
-    {
-        const int q = lane, nq = nj - 4 * q;
-        const float* src = a + (mk_u64)warp * lda + 4 * q;
-        const mk_u64 step = (mk_u64)8 * lda;
-        if (nq >= 4 && a_vec) {
-            mk_transpose_load_rows<true>(page, warp, q, ni, src, step, 16u);
-        } else if (nq > 0 && a_vec) {   /* the region ends inside this lane's chunk */
-            mk_transpose_load_rows<false>(page, warp, q, ni, src, step, 4u * (mk_u32)nq);
-        } else if (nq > 0) {   /* A not 16-B aligned: the same layout, 4 bytes at a time */
-#pragma unroll 4
-            for (int k = 0; k < MK_TRANSPOSE_TILE / 8; ++k) {
-                const int i = warp + 8 * k;
-                if (i < ni) {
-                    const mk_u32 dst = mk_smem_addr(pages[k / 4]) + mk_transpose_swz(i, 4 * q);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        if (e < nq)
-                            mk_cp_async_f(dst + 4u * e, src + e);
-                }
-                src += step;
-            }
-        }
-    }
-    /* 2. the whole tile landed (this thread's copies), then everyone's */
-    mk_cp_async_wait_all();
-    __syncthreads();
-    mk_trace_mark(MK_T_LOADED);
-    mk_trace_mark(MK_T_COMPUTED);   /* nothing to compute: the rest is the store */
-
-    /* 3. store: step t writes output row j = 4 (2t + (warp >> 2)) + (lane & 3), chunk p =
-     * 8 (warp & 3) + (lane >> 2) (columns i = 4p .. 4p + 3, rows 4p + k of page warp & 3, so
-     * the 4 reads are 512 B apart and i >> 2 = p for all of them) */
-    {
-        const int jl = lane & 3, p = 8 * (warp & 3) + (lane >> 2), i0 = 4 * p;
-        const int n = ni - i0;   /* valid floats of the output chunk */
-        const mk_u32 row = mk_smem_addr(pages[warp & 3]) + (mk_u32)(i0 & 31) * 512u +
-                           (mk_u32)jl * 4u;
-        const int j0 = 4 * (warp >> 2) + jl;
-        if (n >= 4 && o_vec) {
-            /* whole chunks: batches of 4 rows, their 16 shared reads before their 4 stores */
-#pragma unroll
-            for (int t0 = 0; t0 < MK_TRANSPOSE_TILE / 8; t0 += 4) {
-                float4 y[4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int j = j0 + 8 * (t0 + u);
-                    if (j < nj) {
-                        const mk_u32 at = row + ((mk_u32)(((j >> 2) ^ p) & 31) << 4);
-                        y[u] = make_float4(mk_lds_f(at), mk_lds_f(at + 512u),
-                                           mk_lds_f(at + 1024u), mk_lds_f(at + 1536u));
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int j = j0 + 8 * (t0 + u);
-                    if (j < nj)
-                        mk_st_f4(o + (mk_u64)j * ldo + i0, y[u]);
-                }
-            }
-        } else if (n > 0) {   /* the region's last chunk, or an OUT not 16-B aligned */
-            int j = j0;
-            float* dst = o + (mk_u64)j * ldo + i0;
-            const mk_u64 step = (mk_u64)8 * ldo;
-            for (int t = 0; t < MK_TRANSPOSE_TILE / 8 && j < nj; ++t, j += 8, dst += step) {
-                const mk_u32 at = row + ((mk_u32)(((j >> 2) ^ p) & 31) << 4);
-                float4 y;
-                y.x = mk_lds_f(at);
-                y.y = n > 1 ? mk_lds_f(at + 512u) : 0.f;
-                y.z = n > 2 ? mk_lds_f(at + 1024u) : 0.f;
-                y.w = n > 3 ? mk_lds_f(at + 1536u) : 0.f;
-                mk_st_f4_edge(dst, y, n, o_vec);
-            }
-        }
-    }
-    /* The interpreter's barrier after the op protects the pages from the next instruction. */
+    /* No MK_T_LOADED / MK_T_COMPUTED marks: each warp stores as soon as its own loads land,
+     * there is no block-wide "loaded" moment (the interpreter's defaults apply, as for copy). */
+    if (ni == MK_TRANSPOSE_TILE && nj == MK_TRANSPOSE_TILE && a_vec && o_vec)
+        mk_transpose_blocks<true>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
+    else
+        mk_transpose_blocks<false>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
 }
 
 #endif /* MEGAK_OP_TRANSPOSE_CUH */
