@@ -183,17 +183,22 @@ __device__ __forceinline__ float4 mk_lds_f4(mk_u32 smem)
 
 /* ---- tensor data ------------------------------------------------------------------------ */
 
+/* .cg: cached in L2 only. Streaming ops read each byte once, and with 13 pages of shared
+ * memory the SM's L1 keeps only ~28 KiB: allocating L1 lines for 64 KiB of loads in flight
+ * per SM throttles them (measured on the H200: transpose 2.83 -> 2.93 TB/s). Still a
+ * weak load in the memory model, coherent at L2, so data other SMs wrote is read correctly
+ * after the acquire. */
 __device__ __forceinline__ float mk_ld_f(const float* p)
 {
     float v;
-    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
 
 __device__ __forceinline__ float4 mk_ld_f4(const float* p)
 {
     float4 v;
-    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
     return v;
 }
