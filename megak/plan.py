@@ -44,6 +44,7 @@ class Plan:
     op_kinds: list[str] = field(default_factory=list)
     op_flops: list[float] = field(default_factory=list)   # from lowering, for the trace
     op_bytes: list[float] = field(default_factory=list)
+    op_dtypes: list[str] = field(default_factory=list)    # the dtype an op computes in
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

@@ -169,6 +169,7 @@ class Program:
         return Trace(events=events, op_labels=plan.op_labels, op_kinds=plan.op_kinds,
                      op_flops=plan.op_flops, op_bytes=plan.op_bytes, n_sm=plan.n_sm,
                      n_pages=plan.n_pages, own_pages=plan.instrs["pages"].copy(),
+                     op_dtypes=plan.op_dtypes,
                      unit="step" if self.backend == "sim" else "ns")
 
     def close(self) -> None:

@@ -181,6 +181,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         op_kinds=[op.kind for op in graph.ops],
         op_flops=[low.flops for low in lowered],
         op_bytes=[low.bytes for low in lowered],
+        op_dtypes=[op.inputs[0].dtype for op in graph.ops],
     )
     check_deadlock_free(plan, rank=rank)
     return plan

@@ -34,6 +34,7 @@ class Trace:
     n_sm: int
     n_pages: int
     own_pages: np.ndarray              # pages each event's instruction acquired
+    op_dtypes: list[str] = field(default_factory=list)  # bf16 GEMMs compare to tensor cores
     unit: str = "ns"                   # "ns" on the GPU, "step" in the simulator
     ceilings: dict = field(default_factory=lambda: dict(DEFAULT_CEILINGS))
 
@@ -156,7 +157,9 @@ class Trace:
                         f"{self.ceilings['hbm_gbps']:.0f})"
                 if self.op_flops[op_index]:
                     tf = self.op_flops[op_index] / run / 1e3
-                    ceil = self.ceilings["fp32_tflops"]
+                    bf16 = op_index < len(self.op_dtypes) and \
+                        self.op_dtypes[op_index] == "bfloat16"
+                    ceil = self.ceilings["bf16_tflops" if bf16 else "fp32_tflops"]
                     line += f", {tf:.2f} TFLOP/s ({100 * tf / ceil:.0f}% of {ceil})"
             lines.append(line)
         bub = self.bubble_fraction()

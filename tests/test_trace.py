@@ -80,3 +80,17 @@ def test_trace_exports(tmp_path, rng):
     png = tmp_path / "trace.png"
     tr.save_png(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_summary_compares_bf16_gemms_with_tensor_core_ceiling():
+    import numpy as np
+    from megak.trace import DEFAULT_CEILINGS, Trace
+    ev = np.zeros(2, dtype=abi.TRACE_DTYPE)
+    ev["op_index"] = [0, 1]
+    ev["t"][:, :] = np.arange(6) * 1000      # 5 us from fetch to store, 4 us running
+    tr = Trace(events=ev, op_labels=["gemm #0", "gemm #1"], op_kinds=["gemm", "gemm"],
+               op_flops=[4e9, 4e9], op_bytes=[1e6, 1e6], n_sm=1, n_pages=13,
+               own_pages=np.array([4, 4]), op_dtypes=["float32", "bfloat16"])
+    text = tr.summary()
+    assert f"of {DEFAULT_CEILINGS['fp32_tflops']})" in text.splitlines()[1]
+    assert f"of {DEFAULT_CEILINGS['bf16_tflops']})" in text.splitlines()[2]
