@@ -19,8 +19,11 @@ MAX_REGISTERS = 255   # 256 threads, __launch_bounds__(256, 1): the hardware cei
 
 
 def _resources(k) -> str:
+    from megak import pages
     return (f"{k.arch}: {k.registers} registers/thread, {k.spill_bytes} B spilled, "
-            f"static smem {k.static_smem} B, cubin {len(k.cubin):,} B")
+            f"static smem {k.static_smem} B, dynamic smem per block "
+            f"{pages.smem_bytes(pages.DEFAULT_PAGES):,} B ({pages.DEFAULT_PAGES} pages on "
+            f"H100/H200), cubin {len(k.cubin):,} B")
 
 
 @pytest.fixture(scope="module")
