@@ -52,8 +52,10 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
     graph.validate()
     if n_sm < 1:
         raise GraphError(f"n_sm must be >= 1, got {n_sm}")
+    units, hidden = expand(graph, n_sm)
+    producer = {u.output.index: u.index for u in units}   # tensor slot -> unit writing it
     lowered = []
-    for op in graph.ops:
+    for op in units:
         low = REGISTRY[op.kind].lower(op)
         pages.check_page_needs(low.pages, n_pages, op.label)
         lowered.append(low)
@@ -64,7 +66,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
     ins = abi.empty_instrs(total)
 
     # 1. per-instruction fields straight from each op's lowering
-    for op, low in zip(graph.ops, lowered):
+    for op, low in zip(units, lowered):
         s = slice(op_start[op.index], op_start[op.index + 1])
         rec = ins[s]
         rec["opcode"] = low.opcode
@@ -79,6 +81,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         rec["flags"] = low.flags
         row0, rows, col0, cols = low.tile_regions()
         rec["row0"], rec["rows"], rec["col0"], rec["cols"] = row0, rows, col0, cols
+        rec["out_row0"] = row0
         for key, value in low.extra.items():
             rec[key] = value
 
@@ -105,12 +108,12 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         return blocks[key]
 
     n_waits = np.zeros(total, dtype=np.int64)
-    for op, low in zip(graph.ops, lowered):
+    for op, low in zip(units, lowered):
         s = slice(op_start[op.index], op_start[op.index + 1])
-        produced = [(j, t) for j, t in enumerate(op.inputs) if t.producer is not None]
+        produced = [(j, t) for j, t in enumerate(op.inputs) if t.index in producer]
         used = 0
         for pos, (j, t) in enumerate(produced):
-            p = lowered[t.producer]
+            p = lowered[producer[t.index]]
             reg = low.reads[j]
             rb0, rb1 = _bands(p.row_edges, reg.r0, reg.r1)
             cb0, cb1 = _bands(p.col_edges, reg.c0, reg.c1)
@@ -119,7 +122,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
             options = {"tile": int((nrb * ncb).max()), "row": int(nrb.max()),
                        "col": int(ncb.max()), "op": 1}
             level = next(lv for lv in LEVELS if options[lv] <= avail)
-            blk = counter_block(t.producer, level)
+            blk = counter_block(producer[t.index], level)
             waits = _wait_lists(level, blk, p.n_col_tiles, rb0, nrb, cb0, ncb)
             rec = ins[s]
             for cid, mask in waits:
@@ -137,9 +140,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
 
     # signals: each producer instruction signals the counters of every level someone uses
     n_sig = np.zeros(total, dtype=np.int64)
-    for (producer, level), blk in sorted(blocks.items(), key=lambda kv: kv[1].base):
-        p = lowered[producer]
-        s = slice(op_start[producer], op_start[producer + 1])
+    for (unit, level), blk in sorted(blocks.items(), key=lambda kv: kv[1].base):
+        p = lowered[unit]
+        s = slice(op_start[unit], op_start[unit + 1])
         local = np.arange(p.n)
         if level == "tile":
             cid = local
@@ -169,22 +172,96 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
 
     tensors = [TensorSlot(t.index, t.name or f"t{t.index}", t.rows, t.cols, t.dtype,
                           "input" if t.producer is None else "intermediate")
-               for t in graph.tensors]
+               for t in list(graph.tensors) + hidden]
     plan = Plan(
         instrs=ins, queue_start=queue_start, tensors=tensors, n_counters=n_counters,
-        n_sm=n_sm, n_pages=n_pages, op_labels=[op.label for op in graph.ops],
+        n_sm=n_sm, n_pages=n_pages, op_labels=[op.label for op in units],
         inputs={name: t.index for name, t in graph.inputs.items()},
         outputs={name: t.index for name, t in graph.outputs.items()},
         input_shapes={name: (t.shape, t.dtype) for name, t in graph.inputs.items()},
         output_shapes={name: t.shape for name, t in graph.outputs.items()},
         counter_targets=counter_targets,
-        op_kinds=[op.kind for op in graph.ops],
+        op_kinds=[op.kind for op in units],
         op_flops=[low.flops for low in lowered],
         op_bytes=[low.bytes for low in lowered],
-        op_dtypes=[op.inputs[0].dtype for op in graph.ops],
+        op_dtypes=[op.inputs[0].dtype for op in units],
     )
     check_deadlock_free(plan, rank=rank)
     return plan
+
+
+@dataclass(frozen=True, eq=False)
+class _Hidden:
+    """A tensor the lowering adds (split-K partials): a slot after the graph's tensors."""
+    index: int
+    shape: tuple[int, int]
+    dtype: str
+    producer: int
+    name: str
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def cols(self) -> int:
+        return self.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
+class Unit:
+    """What one lowering produces instructions for: a graph op, or a part of one."""
+    index: int
+    kind: str
+    inputs: tuple
+    output: object
+    attrs: dict
+    label: str
+
+
+MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
+MIN_SPLIT_K = 128        # and at least this much K per partial
+
+
+def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
+    """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
+
+    A GEMM of few output tiles (an MLP at small batch: M = 16 gives N/128 tiles) runs its
+    whole K loop on those few SMs while the rest wait; splitting K over more SMs and summing
+    the partials in a reduce instruction puts every SM to work. Chunks are multiples of 64 so
+    bf16 operands stay 16-B aligned."""
+    tiles = -(-m // REGISTRY["gemm"].TILE_M) * -(-n // REGISTRY["gemm"].TILE_N)
+    if 2 * tiles > n_sm or k < 2 * MIN_SPLIT_K:
+        return 1, k
+    splits = min(n_sm // tiles, k // MIN_SPLIT_K, MAX_SPLITS)
+    if splits < 2:
+        return 1, k
+    chunk = -(-k // splits)
+    chunk = -(-chunk // 64) * 64
+    return -(-k // chunk), chunk
+
+
+def expand(graph: Graph, n_sm: int) -> tuple[list[Unit], list[_Hidden]]:
+    """Graph ops -> lowering units; a skinny GEMM becomes split-K partials + a reduce."""
+    units: list[Unit] = []
+    hidden: list[_Hidden] = []
+    for op in graph.ops:
+        if op.kind == "gemm":
+            a, b = op.inputs[:2]
+            splits, chunk = split_k_factor(a.rows, a.cols, b.cols, n_sm)
+            if splits > 1:
+                part = _Hidden(len(graph.tensors) + len(hidden), (splits * a.rows, b.cols),
+                               "float32", len(units), f"t{op.output.index}_partials")
+                hidden.append(part)
+                units.append(Unit(len(units), "gemm", (a, b), part,
+                                  {"split": splits, "chunk": chunk},
+                                  f"{op.label} split-K partials ({splits} x K {chunk})"))
+                units.append(Unit(len(units), "reduce", (part,) + tuple(op.inputs[2:]),
+                                  op.output, dict(op.attrs, splits=splits, part_rows=a.rows),
+                                  f"{op.label} split-K reduce + epilogue"))
+                continue
+        units.append(Unit(len(units), op.kind, op.inputs, op.output, op.attrs, op.label))
+    return units, hidden
 
 
 def _wait_lists(level, blk, p_cols, rb0, nrb, cb0, ncb):

@@ -270,12 +270,14 @@ class SimExecutor:
                       for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS))))
         if not bad and int(rec["opcode"]) != abi.OP_NOP:
             used = [abi.ARG_A, abi.ARG_OUT]
-            if int(rec["opcode"]) == abi.OP_GEMM:
-                # every GEMM operand slot is checked, used by the epilogue or not (as the
-                # device does: it prefetches all five descriptors)
-                used += [abi.ARG_B, abi.ARG_BIAS, abi.ARG_RESIDUAL]
+            if int(rec["opcode"]) in (abi.OP_GEMM, abi.OPCODES["MK_OP_REDUCE"]):
+                # every operand slot is checked, used by the epilogue or not (as the device
+                # does: it prefetches all the op's descriptors)
+                used += [abi.ARG_BIAS, abi.ARG_RESIDUAL]
+                if int(rec["opcode"]) == abi.OP_GEMM:
+                    used.append(abi.ARG_B)
                 act = (int(rec["flags"]) & abi.FLAG_ACT_MASK) >> abi.FLAG_ACT_SHIFT
-                bad = act not in abi.ACTIVATIONS.values()
+                bad = act not in abi.ACTIVATIONS.values() or int(rec["out_row0"]) < 0
             bad = bad or any(int(rec["tensor"][k]) >= len(plan.tensors) for k in used)
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
@@ -297,6 +299,6 @@ class SimExecutor:
                     f"({self.plan.op_labels[int(rec['op_index'])]}): it read rows {r0}:{r1}, "
                     f"cols {c0}:{c1} of tensor slot {int(rec['tensor'][arg])} before they were "
                     f"all written (a missing dependency)")
-        r0, c0 = int(rec["row0"]), int(rec["col0"])
+        r0, c0 = int(rec["out_row0"]), int(rec["col0"])
         if written[out_slot] is not None:
             written[out_slot][r0:r0 + int(rec["rows"]), c0:c0 + int(rec["cols"])] = True

@@ -10,9 +10,10 @@
  *
  *   0  opcode  n_waits  n_signals  pages   (u16 x 4)
  *   8  op_index (graph op, for errors/trace)          12 flags (MK_FLAG_*)
- *  16  wait_counter[6]                                 40 wait_target[6]
- *  64  signal_counter[4]                               80 tensor[6] (tensor-table slots)
- * 104  row0 col0 rows cols   (output region)          120 k0 klen (reduction range)
+ *  16  wait_counter[5]                                 36 wait_target[5]
+ *  56  signal_counter[4]                               72 tensor[6] (tensor-table slots)
+ *  96  row0 col0 rows cols   (region)                 112 k0 klen (reduction range)
+ * 120  out_row0 reserved
  *
  * Counters are u32 in device memory. A wait (c, t) is satisfied in run `epoch` (0, 1, ...)
  * when counter[c] - (epoch + 1) * t >= 0 (wrap-safe signed difference): every counter receives
@@ -28,7 +29,7 @@ typedef unsigned long long mk_u64;
 
 enum mk_limits {
     MK_INSTR_BYTES = 128,      /* sizeof(mk_instr); checked on both sides */
-    MK_MAX_WAITS = 6,          /* waits per instruction */
+    MK_MAX_WAITS = 5,          /* waits per instruction */
     MK_MAX_SIGNALS = 4,        /* counters signalled per instruction */
     MK_MAX_TENSORS = 6,        /* tensor operands per instruction */
     MK_PAGE_BYTES = 16384,     /* one shared-memory page */
@@ -48,7 +49,9 @@ enum mk_op_shapes {
                                   of A and B per page; must stay <= MK_GEMM_PAGES */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
     MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
-    MK_COPY_PAGES = 0          /* register pipeline: 64 KiB of loads in flight per SM */
+    MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
+    MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
+    MK_REDUCE_MAX_COLS = 128   /* one warp row: 32 lanes x 4 columns */
 };
 
 enum mk_opcode {
@@ -56,7 +59,8 @@ enum mk_opcode {
     MK_OP_COPY = 1,
     MK_OP_TRANSPOSE = 2,
     MK_OP_GEMM = 3,
-    MK_OP_COUNT = 4
+    MK_OP_REDUCE = 4,          /* sum of split-K partials + the GEMM epilogue */
+    MK_OP_COUNT = 5
 };
 
 /* Tensor operand positions in mk_instr.tensor[] */
@@ -121,6 +125,9 @@ typedef struct mk_instr {
     mk_i32 cols;
     mk_i32 k0;
     mk_i32 klen;
+    mk_i32 out_row0;      /* output row of the region's first row (GEMM, REDUCE); = row0
+                             except for split-K partials, which land in their split's rows */
+    mk_u32 reserved;
 } mk_instr;
 
 /* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements). */

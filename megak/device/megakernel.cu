@@ -30,6 +30,7 @@
 #include "ops/copy.cuh"
 #include "ops/transpose.cuh"
 #include "ops/gemm.cuh"
+#include "ops/reduce.cuh"
 
 /* The op table. Adding an op: its header + one line here. X(OPCODE, name) expects
  * mk_<name>_run / _check / _check_operands, MK_<OPCODE>_PAGES (instr.h) and
@@ -37,7 +38,8 @@
 #define MK_FOR_EACH_OP(X)      \
     X(COPY, copy)              \
     X(TRANSPOSE, transpose)    \
-    X(GEMM, gemm)
+    X(GEMM, gemm)              \
+    X(REDUCE, reduce)
 
 /* Operand positions an opcode reads (their descriptors are prefetched and validated). */
 __device__ __forceinline__ mk_u32 mk_op_operands(mk_u32 opcode)

@@ -29,6 +29,8 @@ def epilogue_flags(op) -> int:
 
 
 def lower(op) -> Lowered:
+    if op.attrs.get("split"):
+        return lower_split(op)
     a, b = op.inputs[:2]
     m, k = a.shape
     n = b.cols
@@ -62,6 +64,37 @@ def lower(op) -> Lowered:
                    flags=epilogue_flags(op))
 
 
+def lower_split(op) -> Lowered:
+    """Split-K partials: split s multiplies a[:, s*chunk:(s+1)*chunk] by the same rows of b
+    into rows [s*M, (s+1)*M) of the fp32 partials tensor (op.output, S*M x N), no epilogue;
+    a reduce instruction sums them (megak/ops/reduce.py). The grid is over the partials."""
+    a, b = op.inputs
+    m, k = a.shape
+    n = b.cols
+    splits, chunk = op.attrs["split"], op.attrs["chunk"]
+    m_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
+    nmt, nc = len(m_edges) - 1, len(col_edges) - 1
+    row_edges = np.append((np.arange(splits)[:, None] * m + m_edges[None, :-1]).ravel(),
+                          splits * m)
+    split = np.repeat(np.repeat(np.arange(splits), nmt), nc)     # per instruction
+    m0 = np.repeat(np.tile(m_edges[:-1], splits), nc)
+    tm = np.repeat(np.tile(np.diff(m_edges), splits), nc)
+    c0 = np.tile(col_edges[:-1], splits * nmt)
+    tn = np.tile(np.diff(col_edges), splits * nmt)
+    k0 = split * chunk
+    kl = np.minimum(chunk, k - k0)
+    reads = [Region(m0, m0 + tm, k0, k0 + kl), Region(k0, k0 + kl, c0, c0 + tn)]
+    size = ITEMSIZE[a.dtype]
+    flops = 2.0 * tm * tn * kl
+    nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
+    return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+                   cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
+                   flops=float(flops.sum()),
+                   bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
+                   extra={"row0": m0, "out_row0": split * m + m0, "k0": k0, "klen": kl},
+                   operands=[abi.ARG_A, abi.ARG_B], flags=0)
+
+
 def activation(v: np.ndarray, name: str | None) -> np.ndarray:
     """The epilogue activations, in the input's precision (float32 in the simulator)."""
     if name is None or name == "none":
@@ -92,13 +125,23 @@ def simulate(instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
     operand values, the epilogue in fp32, one rounding to the output's dtype. Returns the
     regions it read."""
     t = instr["tensor"]
-    a, b, out = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]], tensors[t[abi.ARG_OUT]]
+    a, b = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]]
     r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
     k0, kl = int(instr["k0"]), int(instr["klen"])
-    flags = int(instr["flags"])
     f32 = np.float32
     v = a[r0:r0 + rn, k0:k0 + kl].astype(f32) @ b[k0:k0 + kl, c0:c0 + cn].astype(f32)
     reads = [(abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn)]
+    return tuple(reads) + epilogue(v, instr, tensors)
+
+
+def epilogue(v: np.ndarray, instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
+    """act(v + bias) + residual in fp32, in the device's order, rounded once into the output
+    at rows out_row0.. (shared by GEMM and REDUCE). Returns the regions it read."""
+    t = instr["tensor"]
+    r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
+    flags = int(instr["flags"])
+    f32 = np.float32
+    reads = []
     if flags & abi.FLAG_BIAS:
         v = v + tensors[t[abi.ARG_BIAS]][0:1, c0:c0 + cn].astype(f32)
         reads.append((abi.ARG_BIAS, 0, 1, c0, c0 + cn))
@@ -107,7 +150,9 @@ def simulate(instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
     if flags & abi.FLAG_RESIDUAL:
         v = v + tensors[t[abi.ARG_RESIDUAL]][r0:r0 + rn, c0:c0 + cn].astype(f32)
         reads.append((abi.ARG_RESIDUAL, r0, r0 + rn, c0, c0 + cn))
-    out[r0:r0 + rn, c0:c0 + cn] = v.astype(out.dtype)
+    out = tensors[t[abi.ARG_OUT]]
+    orow = int(instr["out_row0"])
+    out[orow:orow + rn, c0:c0 + cn] = v.astype(out.dtype)
     return tuple(reads)
 
 

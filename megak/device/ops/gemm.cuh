@@ -1,11 +1,13 @@
 /* MK_OP_GEMM: out[m, n] = act(sum_{k in [k0, k0 + klen)} A[m, k] * B[k, n] + bias[0, n])
  *                         + residual[m, n]
  *   for m in [row0, row0 + rows), n in [col0, col0 + cols); rows, cols <= 128; fp32
- *   accumulate; the result overwrites out, rounded to out's dtype. Operands: A (M x K),
- *   B (K x N), OUT (M x N), BIAS (1 x N, with MK_FLAG_BIAS), RESIDUAL (M x N, with
- *   MK_FLAG_RESIDUAL); activation in the flags (gemm_epilogue.cuh). A and B are both fp32
- *   (this file, FMA pipes) or both bf16 (gemm_bf16.cuh, tensor cores); bias, residual and out
- *   are each fp32 or bf16. Four pages either way (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES).
+ *   accumulate; the result overwrites out row out_row0 + (m - row0) (= m except for split-K
+ *   partials, which land in their split's rows of a scratch tensor), rounded to out's dtype.
+ *   Operands: A (M x K), B (K x N), OUT (M x N), BIAS (1 x N, with MK_FLAG_BIAS),
+ *   RESIDUAL (M x N, with MK_FLAG_RESIDUAL); activation in the flags (gemm_epilogue.cuh).
+ *   A and B are both fp32 (this file, FMA pipes) or both bf16 (gemm_bf16.cuh, tensor cores);
+ *   bias, residual and out are each fp32 or bf16. Four pages either way
+ *   (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES).
  *
  * Every slot of MK_GEMM_OPERANDS, bias and residual included, must name a valid tensor (the
  * interpreter prefetches and range-checks all of them); unused ones are ignored (slot 0 is fine).
@@ -65,8 +67,8 @@ static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or 
 
 __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
-    return in.row0 >= 0 && in.col0 >= 0 && in.k0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
-           in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
+    return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.k0 >= 0 && in.rows >= 0 &&
+           in.cols >= 0 && in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
            ((in.flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT) <= MK_ACT_SILU;
 }
 
@@ -86,7 +88,7 @@ __device__ __forceinline__ bool mk_gemm_region_ok(const mk_tensor& t, long long 
 }
 
 /* A and B of one dtype; bias a (1 x >= col0 + cols) row, residual (>= row0 + rows) x
- * (>= col0 + cols); every tensor fp32 or bf16. */
+ * (>= col0 + cols), out (>= out_row0 + rows) x (>= col0 + cols); every tensor fp32 or bf16. */
 __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const mk_tensor* op)
 {
     if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
@@ -98,7 +100,7 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
     if ((in.flags & MK_FLAG_RESIDUAL) &&
         !mk_gemm_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
         return false;
-    return mk_gemm_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
+    return mk_gemm_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols) &&
            mk_gemm_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
            mk_gemm_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
 }

@@ -1,6 +1,8 @@
 /* MK_OP_GEMM epilogue, shared by the fp32 (FMA) and bf16 (tensor core) paths:
  *
- *   out[m, n] = round_to_out_dtype( act(acc[m, n] + bias[0, n]) + residual[m, n] )
+ *   out[out_row0 + i, n] = round_to_out_dtype( act(acc[i, n] + bias[0, n])
+ *                                              + residual[row0 + i, n] )
+ *   (i = region row; out_row0 = row0 except for split-K partials)
  *
  * bias and residual are optional (MK_FLAG_BIAS / MK_FLAG_RESIDUAL), each fp32 or bf16
  * whatever the output's dtype; act comes from bits MK_FLAG_ACT_SHIFT.. of the flags.
@@ -207,7 +209,9 @@ __device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_te
     if (nv <= 0)
         return;
 
-    const mk_u64 o_base = (mk_u64)in.row0 * TO.ld + in.col0;
+    /* region row i lands in output row out_row0 + i (split-K partials: their split's rows);
+     * the residual stays at the logical row0 + i */
+    const mk_u64 o_base = (mk_u64)in.out_row0 * TO.ld + in.col0;
     const bool o_vec = mk_vec4_ok(TO, o_base);
     mk_u64 r_base = 0;
     bool r_vec = false;

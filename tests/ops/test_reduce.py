@@ -1,0 +1,85 @@
+"""Split-K: a GEMM with few output tiles is split over K into fp32 partials that a REDUCE
+instruction sums (in split order) before the GEMM's epilogue."""
+import numpy as np
+import pytest
+
+import megak
+from megak import abi, scheduler
+from megak.ops import reduce
+from tests.reference import check_graph
+
+
+def skinny(m=16, k=1024, n=300, dtype="float32", **epi):
+    g = megak.Graph()
+    a = g.input("a", (m, k), dtype)
+    b = g.input("b", (k, n), dtype)
+    kw = {}
+    if epi.get("bias"):
+        kw["bias"] = g.input("bias", (n,), dtype)
+    if epi.get("residual"):
+        kw["residual"] = g.input("res", (m, n), "float32")
+    g.output(g.gemm(a, b, activation=epi.get("activation"), out_dtype=epi.get("out_dtype"),
+                    **kw), "y")
+    return g
+
+
+def test_split_decision():
+    assert scheduler.split_k_factor(16, 1024, 1024, 132) == (8, 128)    # 8 tiles, 132 SMs
+    assert scheduler.split_k_factor(16, 4096, 1024, 132) == (16, 256)
+    assert scheduler.split_k_factor(4096, 4096, 4096, 132) == (1, 4096)  # enough tiles
+    assert scheduler.split_k_factor(16, 200, 1024, 132) == (1, 200)      # too little K
+    splits, chunk = scheduler.split_k_factor(16, 1000, 128, 132)
+    assert chunk % 64 == 0 and (splits - 1) * chunk < 1000 <= splits * chunk
+
+
+def test_split_plan_structure():
+    g = skinny(m=16, k=1024, n=256)
+    plan = scheduler.build_plan(g, n_sm=132)
+    ins = plan.instrs
+    part = ins[ins["opcode"] == abi.OP_GEMM]
+    red = ins[ins["opcode"] == reduce.OPCODE]
+    splits = len(part) // 2                       # 2 column tiles
+    assert splits > 1 and len(red) == 2
+    # partials: A rows as the GEMM's, output rows in their split's block, K chunks tile K
+    assert (part["row0"] == 0).all() and sorted(set(part["out_row0"])) == \
+        [16 * s for s in range(splits)]
+    assert part["klen"].sum() == 2 * 1024 and (part["flags"] == 0).all()
+    assert (red["k0"] == 16).all() and (red["klen"] == splits).all()
+    assert (red["out_row0"] == red["row0"]).all()
+    # each reduce waits only on its column's partials (one column-band counter)
+    assert (red["n_waits"] == 1).all() and (red["wait_target"][:, 0] == splits).all()
+    assert any("split-K" in label for label in plan.op_labels)
+    hidden = [t for t in plan.tensors if t.name.endswith("_partials")]
+    assert len(hidden) == 1 and hidden[0].shape == (16 * splits, 256)
+
+
+@pytest.mark.parametrize("epi", [{}, {"bias": True, "activation": "gelu"},
+                                 {"residual": True, "activation": "silu", "bias": True}],
+                         ids=["plain", "bias-gelu", "bias-silu-residual"])
+@pytest.mark.parametrize("m,k,n", [(1, 300, 7), (16, 1024, 300), (130, 512, 129)])
+def test_split_k_matches_float64(backend, rng, m, k, n, epi):
+    g = skinny(m, k, n, **epi)
+    prog = megak.compile(g, backend=backend, **({"n_sm": 132} if backend == "sim" else {}))
+    check_graph(prog, g, rng, f"split-K {m}x{k}x{n} {epi}")
+    assert "reduce" in prog.stats["instructions_per_opcode"]
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_split_k_bf16(backend, rng, out_dtype):
+    g = skinny(16, 2048, 384, dtype="bfloat16", bias=True, activation="relu",
+               out_dtype=out_dtype)
+    prog = megak.compile(g, backend=backend, **({"n_sm": 132} if backend == "sim" else {}))
+    check_graph(prog, g, rng, f"split-K bf16 -> {out_dtype}")
+    assert "reduce" in prog.stats["instructions_per_opcode"]
+
+
+def test_reduce_sums_in_split_order():
+    # fp32 addition is not associative: the simulator must add s = 0, 1, 2, ... as the device
+    parts = np.array([[1e8], [1.0], [-1e8], [1.0]], dtype=np.float32)   # 4 splits of M = 1
+    rec = abi.empty_instrs(1)[0]
+    rec["opcode"], rec["rows"], rec["cols"], rec["k0"], rec["klen"] = reduce.OPCODE, 1, 1, 1, 4
+    rec["tensor"][abi.ARG_A], rec["tensor"][abi.ARG_OUT] = 0, 1
+    out = np.full((1, 1), np.nan, np.float32)
+    reduce.simulate(rec, [parts, out])
+    expected = np.float32(np.float32(np.float32(1e8) + np.float32(1.0)) - np.float32(1e8))
+    assert out[0, 0] == np.float32(expected + np.float32(1.0))
