@@ -87,12 +87,11 @@ __device__ __forceinline__ bool mk_gemm_region_ok(const mk_tensor& t, long long 
            r0 + nr <= (long long)t.rows && c0 + nc <= (long long)t.cols;
 }
 
-/* A and B of one dtype; bias a (1 x >= col0 + cols) row, residual (>= row0 + rows) x
- * (>= col0 + cols), out (>= out_row0 + rows) x (>= col0 + cols); every tensor fp32 or bf16. */
-__device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const mk_tensor* op)
+/* The epilogue's operands (GEMM and REDUCE share them): bias a (1 x >= col0 + cols) row when
+ * used, residual (>= row0 + rows) x (>= col0 + cols) when used, out (>= out_row0 + rows) x
+ * (>= col0 + cols); every tensor fp32 or bf16. */
+__device__ __forceinline__ bool mk_epilogue_operands_ok(const mk_instr& in, const mk_tensor* op)
 {
-    if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
-        return false;
     if ((in.flags & MK_FLAG_BIAS) &&
         !(op[MK_ARG_BIAS].rows == 1 &&
           mk_gemm_region_ok(op[MK_ARG_BIAS], 0, 1, in.col0, in.cols)))
@@ -100,7 +99,15 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
     if ((in.flags & MK_FLAG_RESIDUAL) &&
         !mk_gemm_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
         return false;
-    return mk_gemm_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols) &&
+    return mk_gemm_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols);
+}
+
+/* A and B of one dtype, inside their tensors, and the epilogue's operands. */
+__device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const mk_tensor* op)
+{
+    if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
+        return false;
+    return mk_epilogue_operands_ok(in, op) &&
            mk_gemm_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
            mk_gemm_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
 }

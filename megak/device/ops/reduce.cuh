@@ -58,15 +58,8 @@ __device__ __forceinline__ bool mk_reduce_check(const mk_instr& in)
  * out_row0 + rows); bias and residual as for GEMM; every tensor fp32 or bf16. */
 __device__ __forceinline__ bool mk_reduce_check_operands(const mk_instr& in, const mk_tensor* op)
 {
-    if ((in.flags & MK_FLAG_BIAS) &&
-        !(op[MK_ARG_BIAS].rows == 1 &&
-          mk_gemm_region_ok(op[MK_ARG_BIAS], 0, 1, in.col0, in.cols)))
-        return false;
-    if ((in.flags & MK_FLAG_RESIDUAL) &&
-        !mk_gemm_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
-        return false;
     const long long p_row0 = (long long)(in.klen - 1) * in.k0 + in.row0;
-    return mk_gemm_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols) &&
+    return mk_epilogue_operands_ok(in, op) &&
            mk_gemm_region_ok(op[MK_ARG_A], p_row0, in.rows, in.col0, in.cols);
 }
 
