@@ -45,12 +45,15 @@ class Lowered:
 
     def tile_regions(self):
         """(row0, rows, col0, cols) of every instruction's output tile, row-major."""
-        r0 = self.row_edges[:-1]
-        rn = np.diff(self.row_edges)
-        c0 = self.col_edges[:-1]
-        cn = np.diff(self.col_edges)
-        nr, nc = len(r0), len(c0)
-        return (np.repeat(r0, nc), np.repeat(rn, nc), np.tile(c0, nr), np.tile(cn, nr))
+        return grid(self.row_edges, self.col_edges)
+
+
+def grid(row_edges: np.ndarray, col_edges: np.ndarray):
+    """(row0, rows, col0, cols) per tile of the grid, row-major: one instruction each."""
+    r0, rn = row_edges[:-1], np.diff(row_edges)
+    c0, cn = col_edges[:-1], np.diff(col_edges)
+    nr, nc = len(r0), len(c0)
+    return np.repeat(r0, nc), np.repeat(rn, nc), np.tile(c0, nr), np.tile(cn, nr)
 
 
 def edges(extent: int, tile: int) -> np.ndarray:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import abi
 from ..dtypes import ITEMSIZE
-from ._lowering import Lowered, Region, cost_ns, edges
+from ._lowering import Lowered, Region, cost_ns, edges, grid
 
 OPCODE = abi.OP_GEMM
 PAGES = abi.OP_SHAPES["MK_GEMM_PAGES"]
@@ -35,17 +35,13 @@ def lower(op) -> Lowered:
     m, k = a.shape
     n = b.cols
     row_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
-    nr, nc = len(row_edges) - 1, len(col_edges) - 1
-    tm = np.repeat(np.diff(row_edges), nc)
-    tn = np.tile(np.diff(col_edges), nr)
-    r0 = np.repeat(row_edges[:-1], nc)
-    c0 = np.tile(col_edges[:-1], nr)
-    zeros = np.zeros(nr * nc, dtype=np.int64)
-    full_k = np.full(nr * nc, k, dtype=np.int64)
+    r0, tm, c0, tn = grid(row_edges, col_edges)
+    zeros = np.zeros(len(r0), dtype=np.int64)
+    full_k = np.full(len(r0), k, dtype=np.int64)
     reads = [Region(r0, r0 + tm, zeros, full_k),      # a[m-band, :]
              Region(zeros, full_k, c0, c0 + tn)]      # b[:, n-band]
     operands = [abi.ARG_A, abi.ARG_B]
-    ones = np.ones(nr * nc, dtype=np.int64)
+    ones = np.ones(len(r0), dtype=np.int64)
     if op.attrs.get("bias"):
         reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, n-band]
         operands.append(abi.ARG_BIAS)
@@ -73,14 +69,12 @@ def lower_split(op) -> Lowered:
     n = b.cols
     splits, chunk = op.attrs["split"], op.attrs["chunk"]
     m_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
-    nmt, nc = len(m_edges) - 1, len(col_edges) - 1
+    # the partials' row grid: each split's M rows tiled like the output's
     row_edges = np.append((np.arange(splits)[:, None] * m + m_edges[None, :-1]).ravel(),
                           splits * m)
-    split = np.repeat(np.repeat(np.arange(splits), nmt), nc)     # per instruction
-    m0 = np.repeat(np.tile(m_edges[:-1], splits), nc)
-    tm = np.repeat(np.tile(np.diff(m_edges), splits), nc)
-    c0 = np.tile(col_edges[:-1], splits * nmt)
-    tn = np.tile(np.diff(col_edges), splits * nmt)
+    p0, tm, c0, tn = grid(row_edges, col_edges)
+    split = p0 // m                     # every tile lies inside one split's rows
+    m0 = p0 - split * m
     k0 = split * chunk
     kl = np.minimum(chunk, k - k0)
     reads = [Region(m0, m0 + tm, k0, k0 + kl), Region(k0, k0 + kl, c0, c0 + tn)]
@@ -91,7 +85,7 @@ def lower_split(op) -> Lowered:
                    cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                    flops=float(flops.sum()),
                    bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
-                   extra={"row0": m0, "out_row0": split * m + m0, "k0": k0, "klen": kl},
+                   extra={"row0": m0, "out_row0": p0, "k0": k0, "klen": kl},
                    operands=[abi.ARG_A, abi.ARG_B], flags=0)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import abi
 from ..dtypes import ITEMSIZE
-from ._lowering import Lowered, Region, cost_ns, edges
+from ._lowering import Lowered, Region, cost_ns, edges, grid
 from .gemm import epilogue, epilogue_flags
 
 OPCODE = abi.OPCODES["MK_OP_REDUCE"]
@@ -27,11 +27,7 @@ def lower(op) -> Lowered:
     splits, m = op.attrs["splits"], op.attrs["part_rows"]
     rows, cols = out.rows, out.cols
     row_edges, col_edges = edges(rows, TILE_ROWS), edges(cols, TILE_COLS)
-    nr, nc = len(row_edges) - 1, len(col_edges) - 1
-    r0 = np.repeat(row_edges[:-1], nc)
-    rn = np.repeat(np.diff(row_edges), nc)
-    c0 = np.tile(col_edges[:-1], nr)
-    cn = np.tile(np.diff(col_edges), nr)
+    r0, rn, c0, cn = grid(row_edges, col_edges)
     # the partials of rows r0..r0+rn in every split: one bounding box (exact when M fits
     # one tile, as in the skinny GEMMs that get split)
     reads = [Region(r0, (splits - 1) * m + r0 + rn, c0, c0 + cn)]
@@ -43,7 +39,7 @@ def lower(op) -> Lowered:
         reads.append(Region(r0, r0 + rn, c0, c0 + cn))
         operands.append(abi.ARG_RESIDUAL)
     nbytes = 4.0 * splits * rn * cn + ITEMSIZE[out.dtype] * rn * cn
-    n = nr * nc
+    n = len(r0)
     return Lowered(OPCODE, PAGES, row_edges, col_edges, reads, cost_ns(0.0, nbytes),
                    bytes=float(4.0 * splits * rows * cols + ITEMSIZE[out.dtype] * rows * cols),
                    extra={"k0": np.full(n, m), "klen": np.full(n, splits)},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import abi
-from ._lowering import Lowered, Region, cost_ns, edges
+from ._lowering import Lowered, Region, cost_ns, edges, grid
 
 OPCODE = abi.OP_TRANSPOSE
 PAGES = abi.OP_SHAPES["MK_TRANSPOSE_PAGES"]
@@ -18,11 +18,7 @@ def lower(op) -> Lowered:
     (x,) = op.inputs
     rows, cols = op.output.shape           # = (x.cols, x.rows)
     row_edges, col_edges = edges(rows, TILE), edges(cols, TILE)
-    nr, nc = len(row_edges) - 1, len(col_edges) - 1
-    r0 = np.repeat(row_edges[:-1], nc)
-    rn = np.repeat(np.diff(row_edges), nc)
-    c0 = np.tile(col_edges[:-1], nr)
-    cn = np.tile(np.diff(col_edges), nr)
+    r0, rn, c0, cn = grid(row_edges, col_edges)
     # out[r0:r1, c0:c1] = x[c0:c1, r0:r1]^T
     reads = [Region(c0, c0 + cn, r0, r0 + rn)]
     nbytes = 8.0 * rn * cn
