@@ -264,8 +264,11 @@ def render_summary(doc: dict) -> list[str]:
     grouped = by_workload(doc["results"])
     failed = {(f["workload"], f["variant"]) for f in doc.get("failures", [])}
     nya = doc.get("not_yet_available", {})
+    before = doc.get("baseline", {}).get("megak", {})
     lines = ["| workload | target | megak | gap | best other variant | megak speed vs it "
              "| DESIGN.md baseline |", "|---|---|---|---|---|---|---|"]
+    if before:
+        lines = [lines[0][:-1] + " megak before |", lines[1] + "---|"]
     for name, t in TARGETS.items():
         if name in nya:
             lines.append(f"| {name} | {t.text()} | not yet available | not measured: {nya[name]} "
@@ -283,8 +286,14 @@ def render_summary(doc: dict) -> list[str]:
         best_txt = (f"{best}: {fmt(variants[best]['value'])} {variants[best]['metric']}"
                     if best else "")
         vs = f"{sp['vs_best_other']:.2f}x" if sp["vs_best_other"] else ""
-        lines.append(f"| {name} | {t.text()} | {fmt(r['value'])} {r['metric']} | "
-                     f"**{t.gap(r['value'])}** | {best_txt} | {vs} | {t.baseline} |")
+        row = (f"| {name} | {t.text()} | {fmt(r['value'])} {r['metric']} | "
+               f"**{t.gap(r['value'])}** | {best_txt} | {vs} | {t.baseline} |")
+        if before:
+            row += f" {fmt(before[name])} {r['metric']} |" if name in before else " |"
+        lines.append(row)
+    if before:
+        lines += ["", f"*megak before*: the megak variant in `{doc['baseline']['source']}` "
+                      f"({doc['baseline'].get('what', 'the previous run')})."]
     return lines
 
 
@@ -311,6 +320,11 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
         lines += ["", f"Tracing on (megak_trace, the MK_TRACE=1 build) costs {100 * cost:+.1f}% "
                       f"of the megak median (target <= {100 * TRACE_OVERHEAD_TARGET:.0f}%: "
                       f"**{verdict}**); tracing off is a separate build with no trace code."]
+    b = variants.get("megak", {}).get("bubble")
+    if b:
+        lines += ["", f"Bubble fraction per SM (one traced run; the share of an SM's span in "
+                      f"which its compute warps run no instruction): mean {b['mean']:.1%}, "
+                      f"median {b['median']:.1%}, max {b['max']:.1%} over {b['sms']} SMs."]
     for n in notes:
         lines += ["", f"Note: {n}"]
     return lines + [""]
@@ -468,6 +482,19 @@ def write_outputs(doc: dict, out_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def load_baseline(path: Path, what: str = "") -> dict:
+    """The megak figures of an earlier results file, to print beside this run's."""
+    old = json.loads(path.read_text())
+    validate_doc(old)
+    megak = {r["workload"]: r["value"] for r in old["results"] if r["variant"] == "megak"}
+    try:
+        source = path.resolve().relative_to(BENCH_DIR).as_posix()
+    except ValueError:
+        source = path.name
+    return {"source": source, "date": old["date"], "megak": megak,
+            "what": what or f"measured {old['date']}"}
+
+
 def render_only(out_dir: Path, source: str | None) -> int:
     results = out_dir / "results"
     if source:
@@ -569,6 +596,14 @@ def _reps(w, variant: str, quick: bool) -> tuple[int, int]:
     return QUICK_REPS if quick else w.reps.get(variant, w.reps.get("megak"))
 
 
+def traced_bubbles(prog, w: W.Workload, inputs: dict, ref) -> dict:
+    """One traced run (the MK_TRACE=1 build), checked like the timed ones; its per-SM bubble
+    fraction: the share of each SM's span (its first fetch to its last store) in which its
+    compute warps are not inside an instruction's [loaded, stored] (megak/trace.py)."""
+    w.check(ref, prog.run(**inputs, trace=True), "megak traced run")
+    return prog.last_trace.bubble_summary()
+
+
 def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
                      rng: np.random.Generator, log=print, backend: str = "cuda",
                      bench_cls=None) -> tuple[list, list, list]:
@@ -626,6 +661,13 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
                 record(v, times, err)
             except Exception as exc:
                 fail(v, "timing/check", exc)
+        megak_row = next((r for r in results if r["variant"] == "megak"), None)
+        if megak_row is not None:
+            stage = "traced run"
+            try:
+                megak_row["bubble"] = traced_bubbles(prog, w, inputs, ref)
+            except Exception as exc:
+                notes.append(f"no bubble fraction: the traced run failed: {_error(exc)}")
     except Exception as exc:
         done = {f["variant"] for f in failures} | {r["variant"] for r in results}
         for v in bench_variants:
@@ -780,6 +822,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"run only these workloads (of: {', '.join(W.FACTORIES)})")
     p.add_argument("--seed", type=int, help="input seed (default: fresh, recorded in the JSON)")
     p.add_argument("--no-torch", action="store_true", help="skip the torch variants")
+    p.add_argument("--baseline", metavar="JSON",
+                   help="an earlier results file: its megak figures go in a 'megak before' "
+                        "column of the targets table")
     p.add_argument("--render-only", nargs="?", const="", metavar="JSON",
                    help="only write RESULTS.md and the chart again, from JSON (default: the "
                         "newest results file in OUT_DIR/results) and the newest audit; no GPU")
@@ -858,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
         "elapsed_s": round(time.monotonic() - t_start, 1),
     }
+    if args.baseline:
+        doc["baseline"] = load_baseline(Path(args.baseline))
     paths = write_outputs(doc, out_dir)
     for kind, p in paths.items():
         print(f"wrote {p}")

@@ -9,12 +9,26 @@ Dynamic shared memory of one block (one per SM)::
       MK_CONTROL_BYTES   <= MK_PAGE_ALIGN
 
 The page count is what fits in the device's opt-in shared memory per block: 13 on H100/H200
-(232,448 B opt-in). Rules, honoured by the simulator and the megakernel alike:
+(232,448 B opt-in). Each block runs two roles over two instruction slots::
 
-* an instruction acquires all its pages before it runs and releases each one exactly once
-  when it is done;
-* an SM has two instruction slots: while the instruction in one slot runs, the next one may be
-  fetched, wait for its dependencies and acquire pages that are free;
+    loader warp    fetch q | acquire | early preload | wait | late preload | ready q  ...  q+1
+    compute warps       ... q-1: phase 0 | release | phase 1 | release | signal, release rest
+
+Rules, honoured by the simulator and the megakernel alike:
+
+* the loader runs one instruction ahead: it fetches q once the compute role has finished
+  q-2 (two slots), then takes the record's ``pages`` pages, lowest-numbered free pages first,
+  strictly in queue order, waiting while too few are free;
+* pages are handed over as they are released: the compute role gives back a declared group
+  of the instruction's pages after each phase of its op, and the rest after its last phase,
+  so q+1's loader can take and fill them while q still computes; a page is never taken
+  while an earlier instruction still holds it;
+* before the dependency wait the loader writes only loads of operands with no producer
+  (MK_FLAG_B_READY); the rest of the op's first stages after it;
+* which pages an op preloads, uses and releases in each phase is its page plan
+  (``megak/page_plan.py``, mirrored by the device ops);
+* every acquired page is released exactly once, by the instruction that acquired it; pages
+  still held at the end of a queue are a leak (MK_ERR_PAGE_LEAK);
 * an instruction needing more pages than the SM has is rejected at compile time.
 """
 from __future__ import annotations

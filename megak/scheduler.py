@@ -79,6 +79,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
             tensor[pos] = t.index
         rec["tensor"] = tensor
         rec["flags"] = low.flags
+        if low.opcode == abi.OP_GEMM and op.inputs[1].index not in producer:
+            # B is a graph input (weights): the loader may fetch it before the waits
+            rec["flags"] = low.flags | abi.FLAG_B_READY
         row0, rows, col0, cols = low.tile_regions()
         rec["row0"], rec["rows"], rec["col0"], rec["cols"] = row0, rows, col0, cols
         rec["out_row0"] = row0
@@ -242,12 +245,19 @@ def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
 
 
 def expand(graph: Graph, n_sm: int) -> tuple[list[Unit], list[_Hidden]]:
-    """Graph ops -> lowering units; a skinny GEMM becomes split-K partials + a reduce."""
+    """Graph ops -> lowering units. A bf16 GEMM of few rows becomes column bands over the whole
+    K (ops/gemm.py skinny_cols: the band width depends on n_sm); another GEMM of few output
+    tiles becomes split-K partials + a reduce."""
     units: list[Unit] = []
     hidden: list[_Hidden] = []
     for op in graph.ops:
         if op.kind == "gemm":
             a, b = op.inputs[:2]
+            band = REGISTRY["gemm"].skinny_cols(a.rows, b.cols, a.dtype, n_sm)
+            if band:
+                units.append(Unit(len(units), "gemm", op.inputs, op.output,
+                                  dict(op.attrs, skinny=band), op.label))
+                continue
             splits, chunk = split_k_factor(a.rows, a.cols, b.cols, n_sm)
             if splits > 1:
                 part = _Hidden(len(graph.tensors) + len(hidden), (splits * a.rows, b.cols),

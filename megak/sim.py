@@ -1,22 +1,40 @@
 """The CPU simulator: the living definition of every opcode and of the scheduling protocol.
 
-It executes the *encoded* per-SM queues (the bytes the GPU gets), one SM step at a time, in
-round-robin or seeded random order. Each SM has two instruction slots::
+It executes the *encoded* per-SM queues (the bytes the GPU gets). Each SM has the device's
+two roles, and every role is an actor that makes at most one transition per scheduling
+round, actors interleaved round-robin or in a seeded random order::
 
-    fetch -> wait (counters) -> acquire pages -> [run -> release -> signal]
-             ^ the next instruction may get this far while the current one runs
+    loader  (one instruction ahead)          compute (queue order)
+    -------------------------------          ---------------------
+    1. fetch q into a free slot               waits for slot q ready
+       (compute has finished q-2)             phase 0: the op reads its operands
+    2. acquire rec.pages pages, lowest        ... after each phase: release that
+       free first; wait while too few           phase's pages (page_plan.py)
+    3. early preloads (operands with no       after the last: outputs written,
+       producer: MK_FLAG_B_READY)               signals, release the rest, free
+    4. wait for the counters                    the slot
+    5. late preloads, slot ready
 
-Counters persist across runs with epochs, like the device's. When no SM can move, that is a
-hang: MegakernelHang carries the record the GPU writes (SM, queue index, opcode, counter,
-expected, observed). It also checks what the GPU cannot cheaply check: every region an
-instruction reads was completely written first (a missing dependency is an error here, not
-a flaky result), and every page is released exactly once.
+So instruction q+1's loader takes pages while q still computes, but only pages q has
+released. Counters persist across runs with epochs, like the device's. When no actor can
+move, that is a hang: MegakernelHang carries the record the GPU writes (SM, queue index,
+opcode, counter, expected, observed); a loader starved of pages nobody will release is a page
+leak. It also checks what the GPU cannot cheaply check: every region read was completely
+written first (a missing dependency is an error here, not a flaky result), every page is held
+by one instruction at a time, written and used only while its instruction holds it, and
+released exactly once by the instruction that acquired it.
+
+Logical time: one tick per actor per round (``2 * n_sm`` ticks a round), so every
+transition has its own time and a consumer's wait always ends after its producer's store.
 """
 from __future__ import annotations
+
+from collections import deque
 
 import numpy as np
 
 from . import abi
+from . import page_plan as _page_plan
 from .dtypes import numpy_dtype
 from .errors import MegakernelError, raise_for_status
 from .ops import BY_OPCODE
@@ -25,17 +43,30 @@ from .plan import Plan
 _OK = abi.ERRORS["MK_OK"]
 _TIMEOUT = abi.ERRORS["MK_ERR_TIMEOUT"]
 _ABORTED = abi.ERRORS["MK_ERR_ABORTED"]
+_LEAK = abi.ERRORS["MK_ERR_PAGE_LEAK"]
+
+_LOADER, _COMPUTE = 0, 1
 
 
-class _Slot:
-    __slots__ = ("q", "instr", "phase", "pages", "wait_k")
+class _Instr:
+    """One instruction between its fetch and the end of its compute."""
+    __slots__ = ("q", "rec", "plan", "stage", "pages", "released", "keep", "wait_k", "ready",
+                 "phase", "intervals")
 
-    def __init__(self, q, instr):
+    def __init__(self, q, rec, plan):
         self.q = q
-        self.instr = instr
-        self.phase = "wait"   # -> "acquire" -> "ready"
-        self.pages: list[int] = []
+        self.rec = rec
+        self.plan = plan
+        self.stage = "acquire"   # loader: -> "early" -> "wait" -> "late" -> done (ready)
+        self.pages: list[int] = []          # physical pages, acquisition order
+        self.released: list[bool] = []
+        # test hook: the last acquired page is never given back, by a phase or at the end
+        n = int(rec["pages"])
+        self.keep = n - 1 if int(rec["flags"]) & abi.FLAG_DEBUG_LEAK_PAGE and n > 0 else -1
         self.wait_k = 0
+        self.ready = False
+        self.phase = -1          # compute: -1 not started, p in phase p, len(phases) done
+        self.intervals: list[list] = []
 
 
 class _Stop(Exception):
@@ -48,7 +79,11 @@ class _Stop(Exception):
 
 
 class SimExecutor:
-    """Runs a Plan on the CPU. ``order``: "round_robin" or "random" (seeded by ``seed``)."""
+    """Runs a Plan on the CPU. ``order``: "round_robin" or "random" (seeded by ``seed``).
+
+    After a run: ``last_peak_pages[sm]`` is the most pages held at once on each SM, and
+    ``last_page_intervals[sm]`` lists ``(queue index, physical page, acquire time, release
+    time)`` for every page acquired (release time None for a page never given back)."""
 
     def __init__(self, plan: Plan, *, order: str = "round_robin", seed: int | None = None,
                  debug: bool = True):
@@ -61,6 +96,7 @@ class SimExecutor:
         self.counters = np.zeros(max(plan.n_counters, 1), dtype=np.uint32)
         self.epoch = 0
         self.last_peak_pages: list[int] = []
+        self.last_page_intervals: list[list[tuple]] = []
 
     def _reset_counters(self) -> None:
         # a failed run leaves counters part-way: start the next one from zero, as the GPU does
@@ -108,13 +144,17 @@ class SimExecutor:
 
     def _execute(self, instrs, tensors, written) -> None:
         plan = self.plan
-        n_sm = plan.n_sm
+        n_sm, n_pages = plan.n_sm, plan.n_pages
         qs = plan.queue_start.astype(np.int64)
         queues = [instrs[qs[s]:qs[s + 1]] for s in range(n_sm)]
-        nxt = [0] * n_sm
-        slots: list[list[_Slot]] = [[] for _ in range(n_sm)]
-        free_pages = [list(range(plan.n_pages)) for _ in range(n_sm)]
+        ld_next = [0] * n_sm                        # next queue index the loader fetches
+        loading: list[_Instr | None] = [None] * n_sm
+        slots: list[deque[_Instr]] = [deque() for _ in range(n_sm)]   # fetched, not finished
+        owner: list[list[_Instr | None]] = [[None] * n_pages for _ in range(n_sm)]
         peak = [0] * n_sm
+        intervals: list[list[list]] = [[] for _ in range(n_sm)]
+        self.last_peak_pages = peak
+        self.last_page_intervals = intervals
         done = [len(queues[s]) == 0 for s in range(n_sm)]
         epoch = self.epoch
         counters = self.counters
@@ -124,8 +164,8 @@ class SimExecutor:
         def stop(exc: _Stop):
             for s in range(n_sm):
                 if not done[s]:
-                    cur = slots[s][0] if slots[s] else None
-                    states[s].update(queue_index=cur.q if cur else nxt[s], error=_ABORTED)
+                    states[s].update(queue_index=slots[s][0].q if slots[s] else ld_next[s],
+                                     error=_ABORTED)
             states[exc.fields["sm"]].update(
                 {k: exc.fields[k] for k in ("queue_index", "opcode", "op_index", "counter",
                                             "expected", "observed", "error")})
@@ -138,108 +178,201 @@ class SimExecutor:
         events = self._events
         phase = abi.TRACE_PHASES
 
-        def mark(s: int, cur: _Slot, which: str, extra: int = 0) -> None:
+        def mark(s: int, cur: _Instr, which: str) -> None:
             if events is not None:
-                e = events[qs[s] + cur.q]
-                e["t"][phase[which]] = clock[0] + extra
+                events[qs[s] + cur.q]["t"][phase[which]] = clock[0]
 
-        def step(s: int) -> bool:
-            """One transition of SM s; False when it cannot move."""
-            sl = slots[s]
-            # fetch into a free slot
-            if len(sl) < 2 and nxt[s] < len(queues[s]):
-                rec = queues[s][nxt[s]]
-                self._validate(s, nxt[s], rec, stop)
-                sl.append(_Slot(nxt[s], rec))
+        def fail(s: int, cur: _Instr, what: str) -> None:
+            rec = cur.rec
+            raise MegakernelError(
+                f"sim: page protocol broken on SM {s}, queue index {cur.q} "
+                f"({self._label(rec)}): {what}")
+
+        def check_held(s: int, cur: _Instr, idx, why: str) -> None:
+            """Page positions ``idx`` of cur's table are cur's alone right now."""
+            for j in idx:
+                if j >= len(cur.pages):
+                    fail(s, cur, f"{why} page {j} of its table, but it holds only "
+                                 f"{len(cur.pages)} pages")
+                p = cur.pages[j]
+                if cur.released[j] or owner[s][p] is not cur:
+                    other = owner[s][p]
+                    held = (f"queue index {other.q} holds it now" if other is not None
+                            else "it is free")
+                    fail(s, cur, f"{why} page {j} (physical page {p}) after releasing it; "
+                                 f"{held}")
+
+        def release(s: int, cur: _Instr, idx, why: str) -> None:
+            for j in idx:
+                if j == cur.keep:
+                    continue
+                if j >= len(cur.pages):
+                    fail(s, cur, f"{why} releases page {j} of its table, but it holds only "
+                                 f"{len(cur.pages)} pages")
+                p = cur.pages[j]
+                if cur.released[j]:
+                    fail(s, cur, f"{why} releases page {j} (physical page {p}) a second time")
+                if owner[s][p] is not cur:
+                    fail(s, cur, f"{why} releases page {j} (physical page {p}), which it "
+                                 f"does not hold")
+                cur.released[j] = True
+                owner[s][p] = None
+                cur.intervals[j][3] = clock[0]
+
+        def loader_step(s: int) -> bool:
+            cur = loading[s]
+            queue = queues[s]
+            if cur is None:
+                # 1. fetch into a free slot: the compute role has finished q-2
+                q = ld_next[s]
+                if q >= len(queue) or len(slots[s]) >= 2:
+                    return False
+                rec = queue[q]
+                self._validate(s, q, rec, stop)
+                cur = _Instr(q, rec, self._page_plan(rec))
+                slots[s].append(cur)
+                loading[s] = cur
                 if events is not None:
-                    e = events[qs[s] + nxt[s]]
-                    e["queue_index"], e["sm"], e["slot"] = nxt[s], s, nxt[s] % 2
+                    e = events[qs[s] + q]
+                    e["queue_index"], e["sm"], e["slot"] = q, s, q % 2
                     e["opcode"], e["op_index"] = rec["opcode"], rec["op_index"]
-                mark(s, sl[-1], "MK_T_FETCH")
-                nxt[s] += 1
+                mark(s, cur, "MK_T_FETCH")
                 return True
-            for k, cur in enumerate(sl):
-                rec = cur.instr
-                if cur.phase == "wait":
-                    while cur.wait_k < int(rec["n_waits"]):
-                        c = int(rec["wait_counter"][cur.wait_k])
-                        target = ((epoch + 1) * int(rec["wait_target"][cur.wait_k])) & 0xFFFFFFFF
-                        diff = (int(counters[c]) - target) & 0xFFFFFFFF
-                        if diff >= 0x80000000:
-                            break
-                        cur.wait_k += 1
-                    else:
-                        cur.phase = "acquire"
-                        # end of the round: a signal seen now may come from a store this round
-                        mark(s, cur, "MK_T_WAITED", 3)
-                        return True
-                    continue
-                if cur.phase == "acquire":
-                    if k > 0 and sl[0].phase != "ready":
-                        continue  # pages are acquired in queue order
-                    need = int(rec["pages"])
-                    if len(free_pages[s]) >= need:
-                        cur.pages = [free_pages[s].pop(0) for _ in range(need)]
-                        cur.phase = "ready"
-                        held = sum(len(x.pages) for x in sl)
-                        peak[s] = max(peak[s], held)
-                        mark(s, cur, "MK_T_ACQUIRED")
-                        if events is not None:
-                            events[qs[s] + cur.q]["pages_in_use"] = held
-                        return True
-                    continue
-                if cur.phase == "ready" and k == 0:
-                    # an op is one step here; its load/compute/store boundaries split it
-                    mark(s, cur, "MK_T_LOADED", 1)
-                    self._run_op(s, cur, rec, tensors, written, stop)
-                    mark(s, cur, "MK_T_COMPUTED", 2)
-                    mark(s, cur, "MK_T_STORED", 3)
-                    release = cur.pages
-                    if int(rec["flags"]) & abi.FLAG_DEBUG_LEAK_PAGE and release:
-                        release = release[:-1]
-                    free_pages[s].extend(release)
-                    free_pages[s].sort()
-                    for j in range(int(rec["n_signals"])):
-                        c = int(rec["signal_counter"][j])
-                        counters[c] = (int(counters[c]) + 1) & 0xFFFFFFFF
-                    sl.pop(0)
-                    if not sl and nxt[s] >= len(queues[s]):
-                        if len(free_pages[s]) != plan.n_pages:
-                            stop(_Stop(abi.ERRORS["MK_ERR_PAGE_LEAK"], s, cur.q, rec))
-                        done[s] = True
-                        states[s].update(queue_index=len(queues[s]), error=_OK)
+            rec = cur.rec
+            if cur.stage == "acquire":
+                # 2. pages in queue order, lowest free first; too few free: wait for releases
+                need = int(rec["pages"])
+                free = [p for p in range(n_pages) if owner[s][p] is None]
+                if len(free) < need:
+                    return False
+                cur.pages = free[:need]
+                cur.released = [False] * need
+                for p in cur.pages:
+                    owner[s][p] = cur
+                    iv = [cur.q, p, clock[0], None]
+                    cur.intervals.append(iv)
+                    intervals[s].append(iv)
+                held = n_pages - len(free) + need
+                peak[s] = max(peak[s], held)
+                mark(s, cur, "MK_T_ACQUIRED")
+                if events is not None:
+                    events[qs[s] + cur.q]["pages_in_use"] = held
+                cur.stage = "early" if cur.plan.preload_early else "wait"
+                return True
+            if cur.stage == "early":
+                # 3. loads before the wait: only of operands nobody produces
+                check_held(s, cur, cur.plan.preload_early, "the loader's early preload writes")
+                self._check_reads(s, cur, rec, cur.plan.early_reads, written,
+                                  "its loader preloaded (before the dependency wait)")
+                cur.stage = "wait"
+                return True
+            if cur.stage == "wait":
+                # 4. counters
+                while cur.wait_k < int(rec["n_waits"]):
+                    c = int(rec["wait_counter"][cur.wait_k])
+                    target = ((epoch + 1) * int(rec["wait_target"][cur.wait_k])) & 0xFFFFFFFF
+                    diff = (int(counters[c]) - target) & 0xFFFFFFFF
+                    if diff >= 0x80000000:
+                        return False
+                    cur.wait_k += 1
+                mark(s, cur, "MK_T_WAITED")
+                if cur.plan.preload_late:
+                    cur.stage = "late"
                     return True
-            return False
+            else:
+                # 5. loads after the wait
+                check_held(s, cur, cur.plan.preload_late, "the loader's late preload writes")
+            cur.ready = True
+            loading[s] = None
+            ld_next[s] += 1
+            return True
 
+        def compute_step(s: int) -> bool:
+            if not slots[s] or not slots[s][0].ready:
+                return False
+            cur = slots[s][0]
+            rec = cur.rec
+            phases = cur.plan.phases or _page_plan.NO_PAGES.phases
+            if cur.phase < 0:
+                # the op's reads all happen in its first phase
+                check_held(s, cur, phases[0][0] if phases else (), "compute phase 0 uses")
+                mark(s, cur, "MK_T_LOADED")
+                self._run_op(s, cur, rec, tensors, written)
+                cur.phase = 0
+                return True
+            if cur.phase < len(phases):
+                p = cur.phase
+                release(s, cur, phases[p][1], f"compute phase {p}")
+                cur.phase += 1
+                if cur.phase < len(phases):
+                    check_held(s, cur, phases[cur.phase][0], f"compute phase {cur.phase} uses")
+                else:
+                    self._mark_written(rec, written)
+                    mark(s, cur, "MK_T_COMPUTED")
+                return True
+            # outputs are in memory: signal, give back the rest, free the slot
+            for j in range(int(rec["n_signals"])):
+                c = int(rec["signal_counter"][j])
+                counters[c] = (int(counters[c]) + 1) & 0xFFFFFFFF
+            release(s, cur, [j for j in range(len(cur.pages)) if not cur.released[j]],
+                    "the final release")
+            mark(s, cur, "MK_T_STORED")
+            slots[s].popleft()
+            if not slots[s] and ld_next[s] >= len(queues[s]):
+                if any(o is not None for o in owner[s]):
+                    stop(_Stop(_LEAK, s, cur.q, rec))
+                done[s] = True
+                states[s].update(queue_index=len(queues[s]), error=_OK)
+            return True
+
+        steps = (loader_step, compute_step)
+        ticks = 2 * n_sm
         rounds = 0
-        while not all(done):
-            # logical time: every live SM makes at most one transition per round; a round is
-            # 4 ticks so an op's load/compute/store boundaries fall inside its round
-            clock[0] = 4 * rounds
-            rounds += 1
-            live = [s for s in range(n_sm) if not done[s]]
-            if self.order == "random":
-                self.rng.shuffle(live)
-            moved = False
-            for s in live:
-                moved |= step(s)
-            if not moved:
-                self._report_hang(live, slots, queues, nxt, free_pages, epoch, states, stop)
-        self.last_peak_pages = peak
+        try:
+            while not all(done):
+                actors = [(s, role) for s in range(n_sm) if not done[s]
+                          for role in (_COMPUTE, _LOADER)]
+                if self.order == "random":
+                    # (SM, role) pairs, so one SM's loader and compute meet in every order
+                    actors = [actors[i] for i in self.rng.permutation(len(actors))]
+                moved = False
+                for tick, (s, role) in enumerate(actors):
+                    if done[s]:
+                        continue
+                    clock[0] = rounds * ticks + tick
+                    moved |= steps[role](s)
+                rounds += 1
+                if not moved:
+                    live = [s for s in range(n_sm) if not done[s]]
+                    self._report_hang(live, loading, ld_next, epoch, states, stop)
+        finally:
+            for s in range(n_sm):
+                intervals[s] = [tuple(iv) for iv in intervals[s]]
 
-    def _report_hang(self, live, slots, queues, nxt, free_pages, epoch, states, stop):
+    def _label(self, rec) -> str:
+        labels = self.plan.op_labels
+        i = int(rec["op_index"])
+        return labels[i] if 0 <= i < len(labels) else f"op #{i}"
+
+    def _page_plan(self, rec):
+        a = int(rec["tensor"][abi.ARG_A])
+        dtype_a = self.plan.tensors[a].dtype if a < len(self.plan.tensors) else "float32"
+        return _page_plan.page_plan(rec, dtype_a)
+
+    def _report_hang(self, live, loading, ld_next, epoch, states, stop):
+        # nothing moved: every live SM's compute role waits for its loader, and the loader
+        # waits either for a counter (a hang) or for pages that no instruction will release
         counters = self.counters
         first = None
         for s in live:
-            sl = slots[s]
-            cur = next((x for x in sl if x.phase == "wait"), None)
+            cur = loading[s]
             if cur is None:
-                # blocked on pages that nobody will release: a leak
-                head = sl[0]
-                if head.phase == "acquire":
-                    stop(_Stop(abi.ERRORS["MK_ERR_PAGE_LEAK"], s, head.q, head.instr))
                 continue
-            rec = cur.instr
+            if cur.stage == "acquire":
+                stop(_Stop(_LEAK, s, cur.q, cur.rec))
+            if cur.stage != "wait":
+                continue
+            rec = cur.rec
             c = int(rec["wait_counter"][cur.wait_k])
             expected = ((epoch + 1) * int(rec["wait_target"][cur.wait_k])) & 0xFFFFFFFF
             states[s].update(queue_index=cur.q, opcode=int(rec["opcode"]),
@@ -248,7 +381,7 @@ class SimExecutor:
             if first is None:
                 first = _Stop(_TIMEOUT, s, cur.q, rec, c, expected, int(counters[c]))
         if first is None:
-            first = _Stop(_TIMEOUT, live[0], nxt[live[0]], None)
+            first = _Stop(_TIMEOUT, live[0], ld_next[live[0]], None)
         saved = {s: dict(states[s]) for s in live if states[s]["error"] == _TIMEOUT}
         try:
             stop(first)
@@ -256,7 +389,6 @@ class SimExecutor:
             for s, st in saved.items():   # every stuck SM keeps its own wait record
                 exc.states[s] = st
             raise
-
     def _validate(self, s, q, rec, stop) -> None:
         plan = self.plan
         if int(rec["opcode"]) not in BY_OPCODE and int(rec["opcode"]) != abi.OP_NOP:
@@ -282,23 +414,29 @@ class SimExecutor:
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
 
-    def _run_op(self, s, cur, rec, tensors, written, stop) -> None:
+    def _run_op(self, s, cur, rec, tensors, written) -> None:
         opcode = int(rec["opcode"])
         if opcode == abi.OP_NOP:
             return
-        module = BY_OPCODE[opcode]
-        out_slot = int(rec["tensor"][abi.ARG_OUT])
-        # reads must come after their writes: check before running
         with np.errstate(all="ignore"):
-            reads = module.simulate(rec, tensors)
+            reads = BY_OPCODE[opcode].simulate(rec, tensors)
+        self._check_reads(s, cur, rec, reads, written, "it read")
+
+    def _check_reads(self, s, cur, rec, reads, written, how: str) -> None:
+        """Every region read was completely written before (graph inputs always are)."""
         for arg, r0, r1, c0, c1 in reads:
             w = written[int(rec["tensor"][arg])]
             if w is not None and not w[r0:r1, c0:c1].all():
                 raise MegakernelError(
-                    f"sim: race on SM {s}, queue index {cur.q} "
-                    f"({self.plan.op_labels[int(rec['op_index'])]}): it read rows {r0}:{r1}, "
-                    f"cols {c0}:{c1} of tensor slot {int(rec['tensor'][arg])} before they were "
-                    f"all written (a missing dependency)")
-        r0, c0 = int(rec["out_row0"]), int(rec["col0"])
-        if written[out_slot] is not None:
-            written[out_slot][r0:r0 + int(rec["rows"]), c0:c0 + int(rec["cols"])] = True
+                    f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): {how} "
+                    f"rows {r0}:{r1}, cols {c0}:{c1} of tensor slot {int(rec['tensor'][arg])} "
+                    f"before they were all written (a missing dependency)")
+
+    @staticmethod
+    def _mark_written(rec, written) -> None:
+        if int(rec["opcode"]) == abi.OP_NOP:
+            return
+        w = written[int(rec["tensor"][abi.ARG_OUT])]
+        if w is not None:
+            r0, c0 = int(rec["out_row0"]), int(rec["col0"])
+            w[r0:r0 + int(rec["rows"]), c0:c0 + int(rec["cols"])] = True

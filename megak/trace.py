@@ -15,10 +15,21 @@ import numpy as np
 
 from . import abi
 
+_P = abi.TRACE_PHASES
+_FETCH, _WAITED, _ACQUIRED = _P["MK_T_FETCH"], _P["MK_T_WAITED"], _P["MK_T_ACQUIRED"]
+_LOADED, _COMPUTED, _STORED = _P["MK_T_LOADED"], _P["MK_T_COMPUTED"], _P["MK_T_STORED"]
+
+# boundary names, indexed like mk_trace_event.t
 PHASES = ["fetch", "waited", "acquired", "loaded", "computed", "stored"]
-# slices between consecutive boundaries; "wait" is the dependency wait
-SEGMENTS = [("wait", 0, 1), ("acquire", 1, 2), ("load", 2, 3), ("compute", 3, 4),
-            ("store", 4, 5)]
+# The order in which an instruction passes them: the loader warp fetches, takes its pages,
+# waits for its counters (and preloads); the compute role starts the op (loaded), finishes
+# it (computed) and stores and signals (stored).
+ORDER = [_FETCH, _ACQUIRED, _WAITED, _LOADED, _COMPUTED, _STORED]
+# slices between consecutive boundaries in that order: "acquire" is the wait for free pages,
+# "wait" the dependency wait, "load" the late preloads and the wait for the compute role
+SEGMENTS = [("acquire", _FETCH, _ACQUIRED), ("wait", _ACQUIRED, _WAITED),
+            ("load", _WAITED, _LOADED), ("compute", _LOADED, _COMPUTED),
+            ("store", _COMPUTED, _STORED)]
 
 # H200 ceilings measured with vendor libraries (DESIGN.md section 9): fp32 GEMM, copy.
 DEFAULT_CEILINGS = {"fp32_tflops": 50.8, "bf16_tflops": 766.0, "hbm_gbps": 4171.0}
@@ -41,30 +52,48 @@ class Trace:
     # -- views ------------------------------------------------------------------------------
     def _t(self) -> np.ndarray:
         t = self.events["t"].astype(np.float64)
-        return t - (t[:, 0].min() if len(t) else 0.0)
+        return t - (t[:, _FETCH].min() if len(t) else 0.0)
 
     @property
     def span(self) -> float:
         t = self._t()
-        return float(t[:, -1].max()) if len(t) else 0.0
+        return float(t[:, _STORED].max()) if len(t) else 0.0
 
     def busy_fraction(self) -> np.ndarray:
-        """Per SM: share of the run spent between an instruction's pages and its store."""
+        """Per SM: share of its span (first fetch to last store) in which the compute role
+        runs an op (the union of [loaded, stored]). 0 for an SM that ran nothing."""
         t = self._t()
         busy = np.zeros(self.n_sm)
         for sm in range(self.n_sm):
             m = self.events["sm"] == sm
-            if m.any():
-                busy[sm] = _union_length(t[m, abi.TRACE_PHASES["MK_T_ACQUIRED"]],
-                                         t[m, abi.TRACE_PHASES["MK_T_STORED"]])
-        return busy / self.span if self.span > 0 else busy
+            if not m.any():
+                continue
+            span = t[m, _STORED].max() - t[m, _FETCH].min()
+            run = _union_length(t[m, _LOADED], t[m, _STORED])
+            busy[sm] = min(run / span, 1.0) if span > 0 else 1.0
+        return busy
 
     def bubble_fraction(self) -> np.ndarray:
+        """Per SM: share of its span in which the compute role waits for the next
+        instruction (its loads, dependencies or pages): 1 - busy_fraction."""
         return 1.0 - self.busy_fraction()
 
+    def bubble_summary(self) -> dict:
+        """Mean, median and max bubble fraction over the SMs that ran anything."""
+        used = self._used_sms()
+        if not used:
+            return {"mean": 0.0, "median": 0.0, "max": 0.0, "sms": 0}
+        bub = self.bubble_fraction()[used]
+        return {"mean": float(bub.mean()), "median": float(np.median(bub)),
+                "max": float(bub.max()), "sms": len(used)}
+
+    def _used_sms(self) -> list[int]:
+        return sorted(set(int(s) for s in self.events["sm"]))
+
     def pages_over_time(self, sm: int) -> tuple[np.ndarray, np.ndarray]:
-        """(times, pages held) on one SM: each instruction holds its pages from its acquire
-        boundary to its store boundary."""
+        """(times, pages held) on one SM, counting each instruction's pages from its acquire
+        boundary to its store boundary: an upper bound, since ops give pages back in phases
+        before they store (page_plan.py) and the trace does not record those moments."""
         m = self.events["sm"] == sm
         return _held(self.own_pages[m], self._t()[m])
 
@@ -81,7 +110,7 @@ class Trace:
             label = self.op_labels[int(e["op_index"])]
             out.append({"ph": "X", "pid": 0, "tid": sm, "name": label,
                         "cat": abi.OPCODE_NAMES.get(int(e["opcode"]), "?"),
-                        "ts": t[i, 0], "dur": max(t[i, 5] - t[i, 0], 0.0),
+                        "ts": t[i, _FETCH], "dur": max(t[i, _STORED] - t[i, _FETCH], 0.0),
                         "args": {"queue_index": int(e["queue_index"]), "slot": int(e["slot"]),
                                  **{p: float(t[i, k]) for k, p in enumerate(PHASES)}}})
             for name, a, b in SEGMENTS:
@@ -121,12 +150,14 @@ class Trace:
             if sm not in row:
                 continue
             y = row[sm]
-            # waits below (a prefetched instruction waits while its predecessor runs)
-            ax.broken_barh([(t[i, 0], max(t[i, 1] - t[i, 0], 0))], (y - 0.4, 0.8),
+            # the loader's time below (pages, dependencies) while the previous op runs
+            ax.broken_barh([(t[i, _FETCH], max(t[i, _WAITED] - t[i, _FETCH], 0))],
+                           (y - 0.4, 0.8),
                            facecolors="lightgrey", hatch="///", edgecolor="grey", lw=0,
                            zorder=1)
             kind = self.op_kinds[int(e["op_index"])]
-            ax.broken_barh([(t[i, 2], max(t[i, 5] - t[i, 2], 1e-9))], (y - 0.4, 0.8),
+            ax.broken_barh([(t[i, _LOADED], max(t[i, _STORED] - t[i, _LOADED], 1e-9))],
+                           (y - 0.4, 0.8),
                            facecolors=colour[kind], edgecolor="black", lw=0.2, zorder=2)
         ax.set_yticks(range(len(sms)))
         ax.set_yticklabels([f"SM {s}" for s in sms], fontsize=6)
@@ -148,8 +179,8 @@ class Trace:
             m = self.events["op_index"] == op_index
             if not m.any():
                 continue
-            start, end = t[m, 0].min(), t[m, 5].max()
-            run = end - t[m, 1].min()
+            end = t[m, _STORED].max()
+            run = end - t[m, _WAITED].min()
             line = f"  {label}: {m.sum()} instr, {self._fmt(run)}"
             if self.unit == "ns" and run > 0:
                 gbps = self.op_bytes[op_index] / run
@@ -162,12 +193,13 @@ class Trace:
                     ceil = self.ceilings["bf16_tflops" if bf16 else "fp32_tflops"]
                     line += f", {tf:.2f} TFLOP/s ({100 * tf / ceil:.0f}% of {ceil})"
             lines.append(line)
-        bub = self.bubble_fraction()
-        used = [sm for sm in range(self.n_sm) if (self.events["sm"] == sm).any()]
+        used = self._used_sms()
         if used:
-            lines.append(f"  idle (bubble) fraction per SM: mean {bub[used].mean():.2f}, "
-                         f"min {bub[used].min():.2f}, max {bub[used].max():.2f} over "
-                         f"{len(used)} busy SMs")
+            b = self.bubble_summary()
+            lines.append(f"  idle (bubble) fraction of the compute role per SM: mean "
+                         f"{b['mean']:.2f}, median {b['median']:.2f}, max {b['max']:.2f} over "
+                         f"{b['sms']} SMs that ran")
+            bub = self.bubble_fraction()
             worst = sorted(used, key=lambda s: -bub[s])[:4]
             lines.append("  most idle: " + ", ".join(f"SM {s} {bub[s]:.2f}" for s in worst))
         return "\n".join(lines)
@@ -194,8 +226,7 @@ def _union_length(start: np.ndarray, end: np.ndarray) -> float:
 def _held(own: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Pages held over time on one SM: +own pages at acquire, -own pages at store."""
     own = own.astype(np.int64)
-    times = np.concatenate([t[:, abi.TRACE_PHASES["MK_T_ACQUIRED"]],
-                            t[:, abi.TRACE_PHASES["MK_T_STORED"]]])
+    times = np.concatenate([t[:, _ACQUIRED], t[:, _STORED]])
     deltas = np.concatenate([own, -own])
     order = np.lexsort((deltas, times))   # releases before acquires at equal times
     return times[order], np.cumsum(deltas[order])

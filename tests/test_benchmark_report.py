@@ -664,3 +664,18 @@ def test_bf16_workloads_are_checked_on_the_simulator(rng, factory):
     bad[name][0, 0] = (out[name][0, 0].astype(np.float32) * (1 + 4 * 2.0 ** -8) + 1).astype(out[name].dtype)
     with pytest.raises(W.CheckError):
         w.check(ref, bad, "perturbed")
+
+
+def test_markdown_bubbles_and_baseline(doc, tmp_path):
+    doc["results"][0]["bubble"] = {"mean": 0.25, "median": 0.2, "max": 0.5, "sms": 132}
+    old = dict(doc, results=[result("W1", "megak", 1490.0, "us/op", 1000),
+                             result("W3-8192-fp32", "megak", 33000.0, "TFLOP/s", 2.0 * 8192 ** 3)])
+    path = tmp_path / "old.json"
+    R.write_json(old, path)
+    doc["baseline"] = R.load_baseline(path, "before the change")
+    md = R.render_markdown(doc)
+    assert "mean 25.0%, median 20.0%, max 50.0% over 132 SMs" in md
+    assert "megak before |" in md and "`old.json` (before the change)" in md
+    w1_row = next(line for line in md.splitlines() if line.startswith("| W1 |"))
+    assert w1_row.rstrip().endswith("| 1.490 us/op |"), w1_row
+    R.validate_doc(doc)   # the extra keys keep the schema valid

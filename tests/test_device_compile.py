@@ -15,7 +15,8 @@ compiler = pytest.importorskip("megak.runtime.compiler")
 pytest.importorskip("cuda.core")
 
 ARCH = "sm_90a"
-MAX_REGISTERS = 255   # 256 threads, __launch_bounds__(256, 1): the hardware ceiling
+MAX_REGISTERS = 168   # __launch_bounds__(384, 1): 65536 / 384, in units of 8 (setmaxnreg then
+#                       moves the compute warps to 224)
 
 
 def _resources(k) -> str:
@@ -50,15 +51,32 @@ def test_device_source_inlines_every_header():
         assert first_decl in src, f"{path.name} is not in the device source"
 
 
+# The control code (mk_compute: the compute warps' loop with the copy op inlined; mk_loader: the
+# loader warp, 56 registers after setmaxnreg) may keep a few values in local memory: register
+# saves around the calls into the op bodies, once per instruction. The op bodies (GEMM paths,
+# reduce, transpose), where the time goes, must not spill.
+CONTROL_SPILL_LIMIT = 512
+CONTROL_FUNCTIONS = ("megakernel", "mk_compute", "mk_loader")
+
+
 @pytest.mark.parametrize("variant", ["kernel", "trace_kernel"])
-def test_megakernel_compiles_without_spills(variant, request):
+def test_megakernel_compiles_without_spills_in_the_ops(variant, request):
     k = request.getfixturevalue(variant)
     print(f"\nmegakernel ({variant}): {_resources(k)}")
     assert k.cubin[:4] == b"\x7fELF", "not a cubin"
     assert b"megakernel" in k.cubin
     assert k.arch == ARCH
     assert k.registers is not None, f"no ptxas resource line for 'megakernel' in:\n{k.log}"
-    assert k.spill_bytes == 0, f"register spills: {_resources(k)}\n{k.log}"
+    spills = compiler.function_spills(k.log)
+    assert "megakernel" in spills and any("mk_gemm_bf16" in f for f in spills), k.log
+    control = 0
+    for fn, (stores, loads) in sorted(spills.items()):
+        print(f"  {fn}: {stores} B spill stores, {loads} B spill loads")
+        if any(c in fn for c in CONTROL_FUNCTIONS):
+            control += stores + loads
+        else:
+            assert stores == 0, f"{fn} spills: {_resources(k)}\n{k.log}"
+    assert control <= CONTROL_SPILL_LIMIT, f"control code spills {control} B\n{k.log}"
     assert k.registers <= MAX_REGISTERS, _resources(k)
     assert k.static_smem == 0, f"static shared memory eats into the pages: {_resources(k)}"
 

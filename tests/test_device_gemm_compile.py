@@ -3,8 +3,8 @@
 - the megakernel's bf16 path is really on tensor cores: the PTX holds
   ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``, ``ldmatrix .trans`` and zero-filling
   ``cp.async``; where ``nvdisasm`` is installed, the SASS holds ``HMMA.16816.F32.BF16``;
-- no entry (``megakernel``, ``megak_op``) and no function they call spills, with and without
-  MK_TRACE;
+- no entry (``megakernel``, ``megak_op``) and no op body spills, with and without MK_TRACE
+  (the interpreter's loops may: tests/test_device_compile.py bounds them);
 - a numpy model of the bf16 tile's index math (the formulas of ``ops/gemm_bf16.cuh`` and the
   staging tile of ``ops/gemm_epilogue.cuh``, restated here: change them together) multiplies
   correctly, zero-fills every edge, reads nothing outside the region and hits every ldmatrix
@@ -27,6 +27,9 @@ pytest.importorskip("cuda.core")
 
 ARCH = "sm_90a"
 ENTRIES = ("megakernel", "megak_op")
+# the interpreter's control code may keep a few values in local memory (register saves around
+# the op calls; tests/test_device_compile.py bounds them)
+CONTROL_FUNCTIONS = ("mk_compute", "mk_loader")
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
 
@@ -84,11 +87,16 @@ def test_no_spills_in_any_entry_or_callee(kernel):
         assert info["registers"] is not None, f"no ptxas line for {entry}:\n{kernel.log}"
         assert info["registers"] <= 255
         assert info["spill_stores"] == info["spill_loads"] == 0, kernel.log
-        assert info["stack_bytes"] == 0, f"{entry} keeps a stack frame:\n{kernel.log}"
+        # the megakernel calls its role functions (mk_loader, mk_compute): a call frame
+        if entry != "megakernel":
+            assert info["stack_bytes"] == 0, f"{entry} keeps a stack frame:\n{kernel.log}"
     props = _function_properties(kernel.log)
     gemm = [f for f in props if "mk_gemm" in f]
-    assert len(gemm) == 2, f"expected the fp32 and bf16 GEMM bodies as functions: {sorted(props)}"
+    assert len(gemm) == 3, ("expected the fp32, bf16 and skinny bf16 GEMM bodies as functions: "
+                            f"{sorted(props)}")
     for name, (stack, stores, loads) in props.items():
+        if any(c in name for c in CONTROL_FUNCTIONS):
+            continue   # bounded in tests/test_device_compile.py
         assert stores == loads == 0, f"{name} spills:\n{kernel.log}"
         if name in gemm:
             assert stack == 0, f"{name} has a {stack}-byte stack frame:\n{kernel.log}"

@@ -6,6 +6,7 @@ import pytest
 
 import megak
 from megak import abi
+from megak.trace import ORDER
 
 P = abi.TRACE_PHASES
 
@@ -34,7 +35,8 @@ def test_trace_structure(backend, rng):
     assert len(ev) == len(plan.instrs)
     assert tr.unit == ("step" if backend == "sim" else "ns")
     t = ev["t"].astype(np.int64)
-    assert (np.diff(t, axis=1) >= 0).all(), "phase boundaries out of order"
+    # the loader takes pages before it waits; the compute role runs after both
+    assert (np.diff(t[:, ORDER], axis=1) >= 0).all(), "phase boundaries out of order"
     # every event sits at its queue position, on the SM that owns the queue
     qs = plan.queue_start.astype(np.int64)
     for sm in range(plan.n_sm):

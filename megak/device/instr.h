@@ -36,7 +36,9 @@ enum mk_limits {
     MK_MAX_PAGES = 32,         /* page bitmask width; real count comes from the device */
     MK_CONTROL_BYTES = 16384,  /* dynamic smem ahead of the pages: slots, page table, scratch */
     MK_PAGE_ALIGN = 1024,      /* page base alignment (swizzled TMA tiles need 1024) */
-    MK_THREADS = 256,          /* threads per block of the megakernel */
+    MK_THREADS = 256,          /* compute threads: what every op runs on (warps 0-7) */
+    MK_BLOCK_THREADS = 384,    /* megakernel block: the compute warps + one warpgroup whose first
+                                  warp is the loader (setmaxnreg moves registers per warpgroup) */
     MK_TENSOR_ALIGN_BYTES = 16 /* rows of megak-owned buffers start 16-B aligned (ld padded) */
 };
 
@@ -47,6 +49,10 @@ enum mk_op_shapes {
     MK_GEMM_PAGES = 4,         /* fp32: double-buffered A^T and B k-slices, one page each */
     MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): 4-stage cp.async ring, a 32-deep k slice
                                   of A and B per page; must stay <= MK_GEMM_PAGES */
+    MK_GEMM_SKINNY_M = 16,     /* bf16 GEMMs of at most this many rows: one instruction per narrow
+                                  column band over the whole K (ops/gemm_bf16_skinny.cuh) */
+    MK_GEMM_SKINNY_MAX_N = 32, /* widest such band; a bf16 tile of <= SKINNY_M rows and
+                                  <= SKINNY_MAX_N columns runs on the skinny path */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
     MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
@@ -83,7 +89,9 @@ enum mk_flags {
     MK_FLAG_BIAS = 2,
     MK_FLAG_RESIDUAL = 4,
     MK_FLAG_ACT_SHIFT = 4,        /* activation (enum mk_activation) in bits 4..7 */
-    MK_FLAG_ACT_MASK = 240
+    MK_FLAG_ACT_MASK = 240,
+    MK_FLAG_B_READY = 256         /* operand B has no producer in this graph: the loader may load it
+                                     before the waits */
 };
 
 enum mk_activation {

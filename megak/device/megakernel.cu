@@ -1,24 +1,29 @@
 /* megak: the megakernel. One block per SM, launched cooperatively; block b interprets queue b.
  *
  *   kernel  extern "C" megakernel(const mk_params* params)
- *   grid    params->n_sm blocks, block MK_THREADS threads
+ *   grid    params->n_sm blocks, block MK_BLOCK_THREADS = 384 threads
  *   smem    dynamic MK_CONTROL_BYTES + MK_PAGE_ALIGN + n_pages * MK_PAGE_BYTES (pages.py),
  *           static 0
  *
- * Per instruction q (slot q & 1 of the control area, see pages.cuh):
+ * Warp roles (warp specialisation; setmaxnreg moves registers from the loader warpgroup to
+ * the compute warps):
  *
- *   warp 0           thread 0 of warp 0               all 256 threads
- *   ------           ------------------               ---------------
- *   1. prefetch record q+1 (cp.async)
- *                    2. validate record q
- *                    3. acquire its pages (free: instructions run one at a time)
- *                    4. wait for its counters (relaxed polls, then fence.acquire)
- *   (operands of q landed)            ---- barrier B ----
- *                                                      5. run the op
- *   (record q+1 landed;
- *    fetch operand descriptors of q+1) ---- barrier A ----
- *                    6. signal counters (fence.release + red per counter)
- *                    7. release pages
+ *   warps 0-7  (256 threads, 224 regs)  compute: run instruction q, hand its pages back in
+ *                                       the op's release order, signal its counters
+ *   warp  8    (32 lanes, 56 regs)      loader: one instruction ahead: fetch q+1, validate,
+ *                                       acquire pages, preload B, wait, preload the rest
+ *   warps 9-11                          leave at once (setmaxnreg works per warpgroup)
+ *
+ *   loader    | fetch q+1 | acquire | preload B | wait counters | preload A | full[q+1] -->
+ *   compute   ...run q .........................| release early pages ...| signal q | empty[q]
+ *                                                                         run q+1 (data there)
+ *
+ * Two slots (mk_control.slot[q & 1]) carry record, operand descriptors, page table and the
+ * loader's verdict; each has two mbarriers: full (loader -> compute: the slot and the preloaded
+ * bytes are ready) and empty (compute -> loader: the slot may be refilled). Pages move through
+ * the allocator mask: the loader takes them (atomic and), the compute warps give them back
+ * (release-or) as soon as the running op's page plan allows, so the loader of q+1 can fill
+ * pages while q still computes. Steps: L1-L7 in mk_loader, C1-C4 in the kernel's loop.
  *
  * Errors never trap: the first one wins status->error (atomicCAS), its block fills the status
  * record and raises status->abort; blocks spinning on a counter see the flag and stop. Every
@@ -93,9 +98,34 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
     }
 }
 
-/* Step 2. Everything checkable from the record alone (no global loads on the hot path), in
- * the simulator's order: opcode, page budget, descriptor. Thread 0 runs this while the other
- * 255 threads wait at barrier B, once per instruction: so the descriptor checks are one
+/* Ops whose first pipeline stages the loader warp fills (pages.cuh, mk_preload_parts):
+ * X(OP, name) expects mk_<name>_preload_stages and mk_<name>_preload. */
+#define MK_FOR_EACH_PRELOADING_OP(X) \
+    X(GEMM, gemm)
+
+__device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const mk_tensor* op)
+{
+    switch (in.opcode) {
+#define X(OP, name) case MK_OP_##OP: return mk_##name##_preload_stages(in, op);
+        MK_FOR_EACH_PRELOADING_OP(X)
+#undef X
+    default: return 0;
+    }
+}
+
+__device__ __forceinline__ void mk_op_preload(const mk_instr& in, const mk_tensor* op,
+                                              const mk_pages& pages, mk_u32 lane, mk_u32 parts)
+{
+    switch (in.opcode) {
+#define X(OP, name) case MK_OP_##OP: mk_##name##_preload(in, op, pages, lane, parts); break;
+        MK_FOR_EACH_PRELOADING_OP(X)
+#undef X
+    default: break;
+    }
+}
+
+/* Step L2. Everything checkable from the record alone (no global loads on the hot path), in
+ * the simulator's order: opcode, page budget, descriptor. Loader lane 0 runs this once per instruction: the descriptor checks are one
  * branch-free expression (all its shared loads in flight together) rather than a chain of
  * early returns, each waiting for its own load. Entries past n_waits / n_signals are read
  * and ignored (the record is always 128 bytes). */
@@ -127,7 +157,7 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
     return bad ? MK_ERR_BAD_DESCRIPTOR : MK_OK;
 }
 
-/* Warp 0: copy the operand descriptors of slot s's record from the tensor table
+/* Loader warp: copy the operand descriptors of slot s's record from the tensor table
  * (lane = 3 * operand + 8-byte part; mk_tensor is 24 bytes). Commits one group per lane. */
 __device__ __forceinline__ void mk_fetch_operands(mk_slot& s, const mk_tensor* tensors,
                                                   mk_u32 n_tensors, mk_u32 lane)
@@ -143,7 +173,7 @@ __device__ __forceinline__ void mk_fetch_operands(mk_slot& s, const mk_tensor* t
     mk_cp_async_commit();
 }
 
-/* Warp 0: start copying record q (128 B, 8 lanes x 16 B) into slot s. Commits one group. */
+/* Loader warp: start copying record q (128 B, 8 lanes x 16 B) into slot s. Commits one group. */
 __device__ __forceinline__ void mk_fetch_record(mk_slot& s, const mk_instr* rec, mk_u32 lane)
 {
     if (rec != nullptr && lane < MK_INSTR_BYTES / 16)
@@ -152,12 +182,8 @@ __device__ __forceinline__ void mk_fetch_record(mk_slot& s, const mk_instr* rec,
     mk_cp_async_commit();
 }
 
-/* What a stopping block reports about itself. */
-struct mk_stop_info {
-    mk_u32 error, queue_index, opcode, op_index, counter, expected, observed;
-};
 
-/* Thread 0: stop this block. Own errors (not MK_ERR_ABORTED) compete for the status record;
+/* One thread (loader lane 0 or compute thread 0): stop this block. Own errors (not MK_ERR_ABORTED) compete for the status record;
  * the winner fills it before raising abort, so the host always sees a complete record. */
 __device__ void mk_stop(const mk_params& p, const mk_stop_info& e)
 {
@@ -186,7 +212,7 @@ __device__ void mk_stop(const mk_params& p, const mk_stop_info& e)
     s->error = e.error;
 }
 
-/* Step 4, thread 0: wait until counter - target >= 0 (wrap-safe), bounded by the deadline and
+/* Step L5, loader lane 0: wait until counter - target >= 0 (wrap-safe), bounded by the deadline and
  * by the global abort flag. Returns MK_OK, MK_ERR_TIMEOUT or MK_ERR_ABORTED.
  *
  * Detection latency is on the critical path of every cross-SM hand-off, and a consumer
@@ -238,11 +264,314 @@ __device__ __forceinline__ mk_u32 mk_wait(const mk_params& p, mk_u32* counter, m
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_params* params)
+/* Thread 0 of the compute warps / lane 0 of the loader: wait for phase `parity` of `bar`,
+ * bounded by `deadline` (%globaltimer ns). */
+__device__ __forceinline__ bool mk_mbar_wait(mk_u64* bar, mk_u32 parity, mk_u64 deadline)
+{
+    while (!mk_mbar_try_wait(bar, parity))
+        if (mk_globaltimer() > deadline)
+            return false;
+    return true;
+}
+
+__device__ __forceinline__ mk_u64 mk_deadline(mk_u64 timeout_ns)
+{
+    const mk_u64 now = mk_globaltimer();
+    return now + timeout_ns >= now ? now + timeout_ns : ~0ull;
+}
+
+/* Step L3, loader lane 0: take the instruction's pages, waiting while the compute warps still
+ * hold them (they hand pages back as the running op's page plan frees them). If the compute
+ * warps have finished everything before q and the pages are still missing, nobody will ever
+ * release them: a leak, reported at once. */
+__device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u64 timeout_ns,
+                                    mk_u32* observed)
+{
+    const mk_u32 need = s.ins.pages;
+    if (mk_pages_try_acquire(&ctl.free_pages, s.page, need))
+        return MK_OK;
+    const mk_u64 deadline = mk_deadline(timeout_ns);
+    for (;;) {
+        /* sample "all earlier instructions done" before the pages: a release that lands
+         * between the two reads is then seen by the retry */
+        const bool idle = q == 0 || mk_mbar_try_wait(&ctl.empty[(q - 1) & 1], ((q - 1) >> 1) & 1);
+        if (mk_pages_try_acquire(&ctl.free_pages, s.page, need))
+            return MK_OK;
+        *observed = (mk_u32)__popc(mk_pages_free_now(&ctl.free_pages));
+        if (idle)
+            return MK_ERR_PAGE_LEAK;
+        if (mk_globaltimer() > deadline)
+            return MK_ERR_PAGES;
+    }
+}
+
+/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead
+ * of the compute warps.
+ *
+ *   L1. wait until slot q & 1 is empty (the compute warps finished q - 2)
+ *   L2. fetch record q and its operand descriptors; validate (lane 0)
+ *   L3. acquire its pages (waiting for the ones q - 1 still holds)
+ *   L4. early preload: operand B of the op's first stages, when B has no producer
+ *   L5. wait for its counters (relaxed polls, then fence.acquire)
+ *   L6. late preload: the rest of the first stages
+ *   L7. once its copies have landed, lane 0 arrives on full[q & 1]
+ *
+ * An error stops the loader after L7 with slot.stop set: the compute warps finish what they
+ * run, read the flag and leave. Lane 0 has written sm_state (and status) through mk_stop. */
+__device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 lane)
+{
+    /* 56 registers: everything with a fixed shared address is recomputed rather than kept,
+     * and the error details live in shared memory (lane 0 only) */
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    mk_stop_info& e = ctl.loader_stop;
+    for (mk_u32 q = 0; q < n; ++q) {
+        mk_slot& s = ctl.slot[q & 1];
+        mk_u32 error = MK_OK;
+        /* L1 */
+        if (q >= 2 && lane == 0 &&
+            !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, mk_deadline(p.timeout_ns)))
+            error = MK_ERR_TIMEOUT;
+        error = __shfl_sync(0xffffffffu, error, 0);
+        /* L2 */
+        if (error == MK_OK) {
+            mk_fetch_record(s, queue + q, lane);
+            mk_cp_async_wait_all();
+            __syncwarp();
+            mk_fetch_operands(s, reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors,
+                              lane);
+            mk_cp_async_wait_all();
+            __syncwarp();
+        }
+        if (lane == 0) {
+#if MK_TRACE
+            s.t_loader[0] = mk_globaltimer();
+#endif
+            e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};
+            s.preloaded = 0;
+            /* test hook: the last acquired page is never handed back, by any release */
+            s.released = (s.ins.flags & MK_FLAG_DEBUG_LEAK_PAGE) && s.ins.pages > 0 &&
+                         s.ins.pages <= 32 ? 1u << (s.ins.pages - 1) : 0u;
+            s.stop = 0;
+            if (error == MK_OK)
+                error = mk_validate(s.ins, p, &e.expected, &e.observed);
+            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))
+                error = MK_ERR_BAD_DESCRIPTOR;
+            /* L3 */
+            if (error == MK_OK) {
+                error = mk_loader_acquire(ctl, s, q, p.timeout_ns, &e.observed);
+                if (error != MK_OK)
+                    e.expected = s.ins.pages;
+                if (error == MK_ERR_PAGES)
+                    error = MK_ERR_TIMEOUT;   /* waited past the deadline for pages */
+            }
+#if MK_TRACE
+            s.t_loader[2] = mk_globaltimer();
+            s.pages_in_use = (mk_u32)__popc(mk_all_pages_mask(p.n_pages) &
+                                            ~mk_pages_free_now(&ctl.free_pages));
+#endif
+        }
+        error = __shfl_sync(0xffffffffu, error, 0);
+        __syncwarp();   /* the page table and the record's checks are lane 0's */
+        const mk_pages pages = {mk_page_array(mk_smem), s.page, 0u, nullptr, nullptr};
+        const mk_u32 stages = error == MK_OK ? mk_op_preload_stages(s.ins, s.operand) : 0u;
+        const bool b_early = (s.ins.flags & MK_FLAG_B_READY) != 0;
+        /* L4 */
+        if (stages > 0 && b_early)
+            mk_op_preload(s.ins, s.operand, pages, lane, MK_PRELOAD_B);
+        /* L5, all 32 lanes: one load instruction of the warp to one address is one request
+         * whose value every lane sees, so the loop stays converged and no lane has to be
+         * woken from a warp barrier after the wait (that cost ~0.2 us on the dependent path
+         * when lane 0 polled alone). Target is this run's share, (epoch + 1) * t (u32,
+         * wraps); t = 0 means "nothing to wait for" (skipped: the signed test would misread a
+         * counter past 2^31 as behind). */
+        for (mk_u32 i = 0; error == MK_OK && i < s.ins.n_waits; ++i) {
+            const mk_u32 t = s.ins.wait_target[i];
+            if (t == 0)
+                continue;
+            const mk_u32 c = s.ins.wait_counter[i];
+            const mk_u32 target = (p.epoch + 1u) * t;
+            mk_u32 seen = 0;
+            error = mk_wait(p, reinterpret_cast<mk_u32*>(p.counters) + c, target, &seen);
+            if (error != MK_OK && lane == 0) {
+                e.counter = c;
+                e.expected = target;
+                e.observed = seen;
+            }
+        }
+#if MK_TRACE
+        if (lane == 0)
+            s.t_loader[1] = mk_globaltimer();
+#endif
+        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0's */
+        /* L6 */
+        if (stages > 0 && error == MK_OK)
+            mk_op_preload(s.ins, s.operand, pages, lane,
+                          b_early ? (mk_u32)MK_PRELOAD_REST : (mk_u32)(MK_PRELOAD_B | MK_PRELOAD_REST));
+        if (lane == 0) {
+            s.preloaded = stages;
+            if (error != MK_OK) {
+                e.error = error;
+                mk_stop(p, e);
+                s.stop = 1;
+            }
+        }
+        /* L7: the copies have landed (each lane waits for its own; the warp barrier orders
+         * them before lane 0's arrive, a release the compute warps acquire). One arrival: a
+         * per-lane arrive (or cp.async.mbarrier.arrive per lane) costs 32 serialised shared
+         * atomics on the dependent path. */
+        if (stages > 0)
+            mk_cp_async_wait_all();
+        __syncwarp();
+        if (lane == 0)
+            mk_mbar_arrive(&ctl.full[q & 1]);
+        if (error != MK_OK)
+            break;
+    }
+    mk_cp_async_wait_all();   /* no copy may land after the block is gone */
+}
+
+/* The compute warps (threads 0 .. MK_THREADS-1), per instruction q:
+ *   C1. wait for full[q & 1] (all 256 threads: each acquires the slot and the preloads)
+ *   C2. run the op; it hands pages back early where its page plan says so
+ *   C3. compute barrier: every thread's global writes done, pages no longer read
+ *   C4. thread 0: signal the counters (fence.release + red per counter), release the
+ *       remaining pages, arrive on empty[q & 1]
+ * A function of its own, called after setmaxnreg.inc: ptxas then allocates it (like the op
+ * bodies) with the compute warps' register budget instead of the entry's 168. */
+/* Compute thread `tid`'s queue position lives in shared memory, not in a register: the op
+ * bodies are calls, and a register live across them is saved to local memory and reloaded
+ * after, right on the dependent path (measured: ~0.4 us per instruction in a chain). */
+__device__ __forceinline__ volatile mk_u32& mk_compute_q()
+{
+    return mk_ctl().compute_q[threadIdx.x];
+}
+
+/* C4, after the compute barrier: thread 0 signals the counters (fence.release + red per
+ * counter), releases the pages the op still holds, writes the trace event and hands the slot
+ * back; every thread moves to the next instruction. */
+__device__ __forceinline__ void mk_compute_signal()
+{
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    const mk_u32 q = mk_compute_q();
+    mk_slot& s = ctl.slot[q & 1];
+    if (threadIdx.x == 0) {
+#if MK_TRACE
+        if (ctl.trace_t[MK_T_LOADED] == 0)
+            ctl.trace_t[MK_T_LOADED] = ctl.trace_t[MK_T_FETCH];
+        if (ctl.trace_t[MK_T_COMPUTED] == 0)
+            ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
+#endif
+        /* Signal first (consumers on other SMs wait for it; the pages are local): the barrier
+         * ordered the block's writes before this thread; the fence makes them visible at gpu
+         * scope before the counters move (one MEMBAR for all). */
+        const mk_u32 n_signals = s.ins.n_signals;
+        if (n_signals > 0)
+            mk_fence_release();
+#if MK_TRACE
+        /* stored: results visible, counters not yet moved, so no consumer's "waited" can
+         * ever read an earlier clock than its producer's "stored" */
+        const mk_u64 t_stored = mk_globaltimer();
+#endif
+        for (mk_u32 i = 0; i < n_signals; ++i)
+            mk_red_relaxed_add(reinterpret_cast<mk_u32*>(p.counters) + s.ins.signal_counter[i],
+                               1u);
+        /* release what the op still holds */
+        const mk_pages pages = {mk_page_array(mk_smem), s.page, 0u, &s.released, &ctl.free_pages};
+        pages.release(0, s.ins.pages);
+#if MK_TRACE
+        mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + ctl.q_begin + q;
+        ev->queue_index = q;
+        ev->sm = (mk_u16)blockIdx.x;
+        ev->slot = (mk_u16)(q & 1);
+        ev->opcode = s.ins.opcode;
+        ev->pages_in_use = (mk_u16)s.pages_in_use;
+        ev->op_index = s.ins.op_index;
+        ev->t[MK_T_FETCH] = s.t_loader[0];
+        ev->t[MK_T_WAITED] = s.t_loader[1];
+        ev->t[MK_T_ACQUIRED] = s.t_loader[2];
+        ev->t[MK_T_LOADED] = ctl.trace_t[MK_T_LOADED];
+        ev->t[MK_T_COMPUTED] = ctl.trace_t[MK_T_COMPUTED];
+        ev->t[MK_T_STORED] = t_stored;
+#endif
+        mk_mbar_arrive(&ctl.empty[q & 1]);
+    }
+    mk_compute_q() = q + 1;
+}
+
+__device__ __noinline__ void mk_compute()
+{
+    const mk_u32 tid = threadIdx.x;
+    mk_compute_q() = 0;
+    for (;;) {
+        mk_control& ctl = mk_ctl();
+        const mk_params& p = ctl.params;
+        const mk_u32 q = mk_compute_q();
+        if (q >= ctl.n)
+            break;
+        mk_slot& s = ctl.slot[q & 1];
+        /* C1. The loader's waits are bounded, so this one only guards against a lost loader:
+         * three of its deadlines (slot, pages, counters) plus a margin. */
+        const mk_u64 t = p.timeout_ns;
+        const mk_u64 deadline = mk_deadline(t > (~0ull >> 2) ? ~0ull : 3 * t + 1000000000ull);
+        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);
+        if (!ready || s.stop) {
+            if (!ready && tid == 0) {
+                mk_stop_info e = {MK_ERR_TIMEOUT, q, 0, 0, 0, 0, 0};
+                mk_stop(p, e);
+            }
+            return;   /* stopped: the loader (or thread 0) has written sm_state and status */
+        }
+#if MK_TRACE
+        if (tid == 0) {
+            ctl.trace_t[MK_T_FETCH] = mk_globaltimer();   /* here: when the op starts */
+            ctl.trace_t[MK_T_LOADED] = 0;     /* the op may mark these; else defaults */
+            ctl.trace_t[MK_T_COMPUTED] = 0;
+        }
+#endif
+        /* C2 */
+        const mk_pages pages = {mk_page_array(mk_smem), s.page, s.preloaded, &s.released,
+                                &ctl.free_pages};
+        mk_op_run(s.ins, s.operand, pages);
+        /* C3 */
+        mk_compute_sync();
+        mk_compute_signal();
+    }
+    if (tid == 0) {
+        mk_control& ctl = mk_ctl();
+        const mk_params& p = ctl.params;
+        const mk_u32 n = ctl.n;
+        /* A leak is reported against the queue's last instruction, as the simulator does. */
+        const mk_u32 free_now = mk_pages_free_now(&ctl.free_pages);
+        if (p.debug && free_now != mk_all_pages_mask(p.n_pages)) {
+            const mk_instr& last = ctl.slot[(n - 1) & 1].ins;
+            mk_stop_info e = {MK_ERR_PAGE_LEAK, n - 1, last.opcode, last.op_index, 0,
+                              mk_all_pages_mask(p.n_pages), free_now};
+            mk_stop(p, e);
+            return;
+        }
+        atomicAdd(&reinterpret_cast<mk_status*>(p.status)->finished_blocks, 1u);
+        volatile mk_sm_state* st = reinterpret_cast<mk_sm_state*>(p.sm_state) + blockIdx.x;
+        st->queue_index = n;
+        st->opcode = 0;
+        st->op_index = 0;
+        st->counter = 0;
+        st->expected = 0;
+        st->observed = 0;
+        st->error = MK_OK;
+    }
+}
+
+enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
+static_assert(MK_BLOCK_THREADS == MK_THREADS + 128, "the loader is one warpgroup");
+static_assert(MK_LOADER_REGS * 128 + MK_COMPUTE_REGS * MK_THREADS <= 65536,
+              "setmaxnreg: the register file holds both roles");
+
+extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1) megakernel(const mk_params* params)
 {
     mk_control& ctl = mk_ctl();
     unsigned char* const page_array = mk_page_array(mk_smem);
-    const mk_params& p = ctl.params;   /* valid after the first barrier */
     const mk_u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const mk_u32 sm = blockIdx.x;
     if (sm >= params->n_sm)
@@ -255,13 +584,18 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
     const mk_instr* queue = reinterpret_cast<const mk_instr*>(params->instrs) + q_begin;
 
     /* 0. Set up: the pages the host carved must fit in what this launch really has. The stop
-     * decision travels by __syncthreads_or, never a shared flag: thread 0 may set the next
-     * stop before a slow warp has read this one. */
+     * decision travels by __syncthreads_or (the last use of barrier 0: warps leave after it). */
     int stop = 0;
     if (tid == 0) {
         ctl.params = *params;
+        ctl.n = n;
+        ctl.q_begin = q_begin;
         const mk_u32 n_pages = params->n_pages;
         ctl.free_pages = mk_all_pages_mask(n_pages);
+        for (int i = 0; i < 2; ++i) {
+            mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
+            mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */
+        }
         const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
         mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
         if (q_end < q_begin) {
@@ -276,164 +610,20 @@ extern "C" __global__ void __launch_bounds__(MK_THREADS, 1) megakernel(const mk_
             stop = 1;
         }
     }
-    if (warp == 0 && n > 0) {   /* record 0, then its operands */
-        mk_fetch_record(ctl.slot[0], queue, lane);
-        mk_cp_async_wait_all();
-        __syncwarp();
-        mk_fetch_operands(ctl.slot[0], reinterpret_cast<const mk_tensor*>(params->tensors),
-                          params->n_tensors, lane);
-    }
-    if (__syncthreads_or(stop)) {
-        if (warp == 0)
-            mk_cp_async_wait_all();
+    if (__syncthreads_or(stop))
+        return;
+
+    /* Roles. setmaxnreg hands the loader warpgroup's registers to the compute warps: the
+     * GEMM bodies need ~200 per thread, the loader a few dozen. */
+    if (warp >= MK_THREADS / 32) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" : : "n"((int)MK_LOADER_REGS));
+        if (warp == MK_THREADS / 32)
+            mk_loader(queue, n, lane);
         return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" : : "n"((int)MK_COMPUTE_REGS));
 
-    mk_u32 q = 0;
-    for (; q < n; ++q) {
-        mk_slot& s = ctl.slot[q & 1];
-        mk_trace_mark(MK_T_FETCH);
-
-        if (warp == 0) {
-            /* 1. fetch: record q+1 streams into the other slot while q runs. Always commit
-             * a group (maybe empty) so that "all but the newest group" means "q's operands". */
-            mk_fetch_record(ctl.slot[(q & 1) ^ 1], q + 1 < n ? queue + q + 1 : nullptr, lane);
-            if (p.debug) {   /* the operand check below reads other lanes' copies */
-                mk_cp_async_wait_group<1>();
-                __syncwarp();
-            }
-            if (lane == 0) {
-                mk_stop_info e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};
-                /* 2. validate (debug: also the regions against the tensors' shapes) */
-                e.error = mk_validate(s.ins, p, &e.expected, &e.observed);
-                if (e.error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))
-                    e.error = MK_ERR_BAD_DESCRIPTOR;
-                /* 3. acquire pages, before the wait: they do not depend on it, and a dozen
-                 * dependent bit operations here would otherwise sit between a producer's
-                 * signal and this instruction's first load */
-                if (e.error == MK_OK && !mk_pages_acquire(&ctl.free_pages, s.page, s.ins.pages)) {
-                    e.error = MK_ERR_PAGES;
-                    e.expected = s.ins.pages;
-                    e.observed = (mk_u32)__popc(ctl.free_pages);
-                }
-                /* 4. wait: target is this run's share, (epoch + 1) * t (u32, wraps). t = 0
-                 * means "nothing to wait for" (skipped: the signed test would misread a
-                 * counter past 2^31 as behind). */
-                for (mk_u32 i = 0; e.error == MK_OK && i < s.ins.n_waits; ++i) {
-                    const mk_u32 t = s.ins.wait_target[i];
-                    if (t == 0)
-                        continue;
-                    const mk_u32 c = s.ins.wait_counter[i];
-                    const mk_u32 target = (p.epoch + 1u) * t;
-                    mk_u32 seen = 0;
-                    e.error = mk_wait(p, reinterpret_cast<mk_u32*>(p.counters) + c, target, &seen);
-                    if (e.error != MK_OK) {
-                        e.counter = c;
-                        e.expected = target;
-                        e.observed = seen;
-                    }
-                }
-                mk_trace_mark(MK_T_WAITED);
-                mk_trace_mark(MK_T_ACQUIRED);   /* held since step 3 */
-                if (e.error != MK_OK) {
-                    mk_stop(p, e);
-                    stop = 1;
-                }
-#if MK_TRACE
-                ctl.trace_t[MK_T_LOADED] = 0;     /* the op may mark these; else defaults */
-                ctl.trace_t[MK_T_COMPUTED] = 0;
-#endif
-            }
-            mk_cp_async_wait_group<1>();   /* q's operand descriptors are in the slot */
-        }
-        /* B: record, operands and page table visible to all; everyone learns thread 0's verdict */
-        if (__syncthreads_or(stop))
-            break;
-#if MK_TRACE
-        const mk_u64 t_run = tid == 0 ? mk_globaltimer() : 0;
-#endif
-
-        /* 5. run */
-        const mk_pages pages = {page_array, s.page};
-        mk_op_run(s.ins, s.operand, pages);
-
-        if (warp == 0) {
-            /* record q+1 has landed; its operand descriptors travel while the block passes
-             * barrier A and thread 0 releases and signals (a fence: hundreds of ns) */
-            mk_cp_async_wait_all();
-            __syncwarp();
-            if (q + 1 < n)
-                mk_fetch_operands(ctl.slot[(q & 1) ^ 1],
-                                  reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors, lane);
-        }
-        __syncthreads();   /* A: every thread's global writes done, pages no longer read */
-
-        if (tid == 0) {
-#if MK_TRACE
-            if (ctl.trace_t[MK_T_LOADED] == 0)
-                ctl.trace_t[MK_T_LOADED] = t_run;
-            if (ctl.trace_t[MK_T_COMPUTED] == 0)
-                ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
-            const mk_u32 in_use = (mk_u32)__popc(mk_all_pages_mask(p.n_pages) & ~ctl.free_pages);
-#endif
-            /* 6. signal, first (consumers on other SMs wait for it; the pages are local):
-             * the barrier ordered the block's writes before this thread; the fence makes
-             * them visible at gpu scope before the counters move (one MEMBAR for all). */
-            const mk_u32 n_signals = s.ins.n_signals;
-            if (n_signals > 0)
-                mk_fence_release();
-#if MK_TRACE
-            /* stored: results visible, counters not yet moved, so no consumer's "waited"
-             * can ever read an earlier clock than its producer's "stored" */
-            const mk_u64 t_stored = mk_globaltimer();
-#endif
-            for (mk_u32 i = 0; i < n_signals; ++i)
-                mk_red_relaxed_add(reinterpret_cast<mk_u32*>(p.counters) +
-                                   s.ins.signal_counter[i], 1u);
-            /* 7. release pages (test hook: keep the last one) */
-            mk_u32 keep = (s.ins.flags & MK_FLAG_DEBUG_LEAK_PAGE) && s.ins.pages > 0 ? 1u : 0u;
-            mk_pages_release(&ctl.free_pages, s.page, s.ins.pages - keep);
-#if MK_TRACE
-            mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + q_begin + q;
-            ev->queue_index = q;
-            ev->sm = (mk_u16)sm;
-            ev->slot = (mk_u16)(q & 1);
-            ev->opcode = s.ins.opcode;
-            ev->pages_in_use = (mk_u16)in_use;
-            ev->op_index = s.ins.op_index;
-            for (int ph = 0; ph < MK_T_STORED; ++ph)
-                ev->t[ph] = ctl.trace_t[ph];
-            ev->t[MK_T_STORED] = t_stored;
-#endif
-        }
-        if (warp == 0)
-            __syncwarp();   /* lane 0 is done reading slot q before record q+2 lands in it */
-    }
-
-    if (warp == 0)
-        mk_cp_async_wait_all();   /* no copy may land after the block is gone */
-    if (q < n)
-        return;   /* stopped: thread 0 has written sm_state (and status, if it failed) */
-
-    if (tid == 0) {
-        /* A leak is reported against the queue's last instruction, as the simulator does. */
-        if (p.debug && ctl.free_pages != mk_all_pages_mask(p.n_pages)) {
-            const mk_instr& last = ctl.slot[(n - 1) & 1].ins;
-            mk_stop_info e = {MK_ERR_PAGE_LEAK, n - 1, last.opcode, last.op_index, 0,
-                              mk_all_pages_mask(p.n_pages), ctl.free_pages};
-            mk_stop(p, e);
-            return;
-        }
-        atomicAdd(&reinterpret_cast<mk_status*>(p.status)->finished_blocks, 1u);
-        volatile mk_sm_state* st = reinterpret_cast<mk_sm_state*>(p.sm_state) + sm;
-        st->queue_index = n;
-        st->opcode = 0;
-        st->op_index = 0;
-        st->counter = 0;
-        st->expected = 0;
-        st->observed = 0;
-        st->error = MK_OK;
-    }
+    mk_compute();
 }
 
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record

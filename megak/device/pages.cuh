@@ -5,8 +5,15 @@
  *   | mk_control (<= MK_CONTROL_BYTES)         | slack   | page 0 | page 1 | ... | page n-1 |
  *   |  slot[0]: record | operands | page table | to next | 16 KiB | 16 KiB |     |          |
  *   |  slot[1]: record | operands | page table | 1 KiB   |        |        |     |          |
- *   |  params copy, allocator bitmask, trace    | boundary|        |        |     |          |
+ *   |  mbarriers full[2], empty[2]              | boundary|        |        |     |          |
+ *   |  params copy, allocator bitmask, trace    |         |        |        |     |          |
  *   +------------------------------------------+---------+--------+--------+-----+----------+
+ *
+ * Page life: the loader warp acquires an instruction's pages (lowest free first, in queue
+ * order, waiting while the running instruction still holds them), fills the first stages, and
+ * the compute warps hand the pages back in the order the op's page plan declares (an early
+ * group after the k loop, the rest after the op). megak/page_plan.py is the same plan in
+ * Python; the simulator checks it.
  *
  * Host side: pages.py smem_bytes(n) = MK_CONTROL_BYTES + MK_PAGE_ALIGN + n * MK_PAGE_BYTES.
  * Static shared memory: none; everything lives in mk_control.
@@ -30,20 +37,37 @@ typedef unsigned char mk_u8;
 extern __shared__ __align__(16) unsigned char mk_smem[];
 
 /* One instruction slot: the record, the descriptors of its operands (resolved from the
- * tensor table while the previous instruction runs, so ops read them from shared memory
- * instead of paying a global round trip), and the pages the instruction holds. */
+ * tensor table by the loader, so ops read them from shared memory instead of paying a global
+ * round trip), the pages the instruction holds, and the loader's verdict. The loader fills a
+ * slot and arrives on its `full` barrier; the compute warps run it and arrive on `empty`. */
 struct mk_slot {
     mk_instr ins;                        /* offset 0: 16-B aligned for cp.async */
     mk_tensor operand[MK_MAX_TENSORS];   /* operand[MK_ARG_x] = tensors[ins.tensor[MK_ARG_x]] */
     mk_u8 page[MK_MAX_PAGES];            /* page indices, in acquisition order */
+    mk_u32 preloaded;                    /* leading stages the loader filled (mk_pages) */
+    mk_u32 released;                     /* table positions the op handed back early */
+    mk_u32 stop;                         /* the loader stopped here (error or abort) */
+    mk_u32 pages_in_use;                 /* pages held on the SM once this one acquired (trace) */
+    mk_u64 t_loader[3];                  /* MK_TRACE: fetch, waited, acquired (loader clock) */
+    mk_u64 pad;
+};
+
+/* What a stopping block reports about itself. */
+struct mk_stop_info {
+    mk_u32 error, queue_index, opcode, op_index, counter, expected, observed;
 };
 
 struct mk_control {
     mk_slot slot[2];     /* instruction q lives in slot[q & 1] */
-    mk_params params;    /* copied once: thread 0's hot path reads shared, not global,
-                            memory and the op code holds no registers for it */
-    mk_u32 free_pages;   /* allocator: bit i set = page i free (touched by thread 0 only) */
-    mk_u64 trace_t[MK_TRACE_PHASES];   /* MK_TRACE: phase times of the running instruction */
+    mk_u64 full[2];      /* mbarrier: slot ready (record, pages, waits, preloaded bytes) */
+    mk_u64 empty[2];     /* mbarrier: the compute warps are done with the slot */
+    mk_params params;    /* copied once: the hot paths read shared, not global, memory and
+                            the op code holds no registers for it */
+    mk_u32 free_pages;   /* allocator: bit i set = page i free (loader takes, compute gives) */
+    mk_stop_info loader_stop;          /* the loader's error details (lane 0) */
+    mk_u32 n, q_begin;                 /* this SM's queue: length, first record's index */
+    mk_u32 compute_q[MK_THREADS];      /* each compute thread's queue position (mk_compute) */
+    mk_u64 trace_t[MK_TRACE_PHASES];   /* MK_TRACE: compute-side phase times of the running op */
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");
@@ -85,41 +109,106 @@ __device__ __forceinline__ void mk_trace_mark(int phase)
 #endif
 }
 
-/* The pages one instruction holds, as the ops see them: pages[i] is its i-th page. */
+/* Compute warps only (threads 0 .. MK_THREADS-1): a barrier among them. The loader warp never
+ * joins it, so the ops must use this instead of __syncthreads() (barrier 0 counts every
+ * thread of the block). In the separate-launch entry the block is exactly the compute warps. */
+enum { MK_COMPUTE_BARRIER = 1 };
+
+__device__ __forceinline__ void mk_compute_sync()
+{
+    asm volatile("bar.sync %0, %1;" : : "n"((int)MK_COMPUTE_BARRIER), "n"((int)MK_THREADS) : "memory");
+}
+
+/* The pages one instruction holds, as the ops see them: pages[i] is its i-th page.
+ *
+ * preloaded: how many of the op's leading pipeline stages the loader warp already filled
+ *   (mk_<op>_preload); they have landed when the op starts. 0 in the separate-launch entry.
+ * release(first, end): the op hands pages [first, end) of its table back early, in the order
+ *   its page plan declares (megak/page_plan.py mirrors it), so the loader can give them to the
+ *   next instruction while this one finishes. Called by all compute threads right after a
+ *   mk_compute_sync() that ended every read and write of those pages; thread 0 does it. The
+ *   interpreter releases whatever is left after the op. No-op without a loader. */
 struct mk_pages {
     unsigned char* base;   /* page 0 of the page array */
     const mk_u8* idx;      /* the slot's page table */
+    mk_u32 preloaded;
+    mk_u32* released;      /* the slot's mask of table positions already handed back; or null */
+    mk_u32* free_mask;     /* the allocator's mask of free physical pages; or null */
 
     __device__ __forceinline__ float* operator[](int i) const
     {
         return reinterpret_cast<float*>(base + (mk_u32)idx[i] * (mk_u32)MK_PAGE_BYTES);
     }
+
+    __device__ __forceinline__ void release(mk_u32 first, mk_u32 end) const;
 };
 
-/* Thread 0 only. Take `n` free pages (lowest first) into `table`; false if too few are free
- * (then nothing is taken). With instructions running one after another this cannot fail for
- * a validated record, but the allocator is real so that overlapping slots can share it. */
-__device__ __forceinline__ bool mk_pages_acquire(mk_u32* free_mask, mk_u8* table, mk_u32 n)
+/* Physical page bits of table positions [first, end). */
+__device__ __forceinline__ mk_u32 mk_page_bits(const mk_u8* table, mk_u32 first, mk_u32 end)
 {
-    mk_u32 f = *free_mask;
+    mk_u32 bits = 0;
+    for (mk_u32 i = first; i < end; ++i)
+        bits |= 1u << table[i];
+    return bits;
+}
+
+/* The allocator mask is shared by two roles: the loader takes pages (atomic and), the compute
+ * warps give them back (atomic or). The give-back is a release at block scope and the loader's
+ * read an acquire: every compute-warp access to a page (ordered before the or by the compute
+ * barrier) happens before the loader's cp.async writes into it for the next instruction. */
+__device__ __forceinline__ void mk_pages_give_back(mk_u32* free_mask, mk_u32 bits)
+{
+    asm volatile("red.release.cta.shared::cta.or.b32 [%0], %1;"
+                 : : "r"(mk_smem_addr(free_mask)), "r"(bits) : "memory");
+}
+
+__device__ __forceinline__ mk_u32 mk_pages_free_now(const mk_u32* free_mask)
+{
+    mk_u32 v;
+    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
+                 : "=r"(v) : "r"(mk_smem_addr(free_mask)) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void mk_pages::release(mk_u32 first, mk_u32 end) const
+{
+    if (threadIdx.x != 0 || released == nullptr || first >= end)
+        return;
+    const mk_u32 mask = (end >= 32 ? 0xffffffffu : ((1u << end) - 1u)) & ~((1u << first) - 1u);
+    const mk_u32 fresh = mask & ~*released;   /* each page once */
+    *released |= fresh;
+    mk_u32 bits = 0;
+    for (mk_u32 i = first; i < end; ++i)
+        if ((fresh >> i) & 1u)
+            bits |= 1u << idx[i];
+    mk_pages_give_back(free_mask, bits);
+}
+
+/* What the loader warp preloads for an op (mk_<op>_preload(in, op, pages, lane, parts)):
+ * the parts of its first pipeline stages that come from operand B (before the dependency wait
+ * when the record has MK_FLAG_B_READY: B has no producer in the graph, e.g. weights) and from
+ * the other operands (after the wait). The op says how many stages the loader fills with
+ * mk_<op>_preload_stages(in, op); it issues cp.async copies only (no commit, no wait): the
+ * interpreter tracks their completion on the slot's mbarrier before the op runs. */
+enum mk_preload_parts { MK_PRELOAD_B = 1, MK_PRELOAD_REST = 2 };
+
+/* Loader lane 0. Take the `n` lowest free pages into `table` if that many are free (else
+ * nothing is taken and false comes back). Only the loader clears bits and the compute warps
+ * only set them, so a plain atomic and after the acquire-read is enough. */
+__device__ __forceinline__ bool mk_pages_try_acquire(mk_u32* free_mask, mk_u8* table, mk_u32 n)
+{
+    mk_u32 f = mk_pages_free_now(free_mask);
     if ((mk_u32)__popc(f) < n)
         return false;
+    mk_u32 taken = 0;
     for (mk_u32 i = 0; i < n; ++i) {
         const mk_u32 p = (mk_u32)__ffs(f) - 1u;
         f &= f - 1u;                    /* clear the lowest set bit: page p is taken */
+        taken |= 1u << p;
         table[i] = (mk_u8)p;
     }
-    *free_mask = f;
+    atomicAnd(free_mask, ~taken);
     return true;
-}
-
-/* Thread 0 only. Give back the first `n` pages of `table` (each exactly once). */
-__device__ __forceinline__ void mk_pages_release(mk_u32* free_mask, const mk_u8* table, mk_u32 n)
-{
-    mk_u32 f = *free_mask;
-    for (mk_u32 i = 0; i < n; ++i)
-        f |= 1u << table[i];
-    *free_mask = f;
 }
 
 #endif /* MEGAK_PAGES_CUH */

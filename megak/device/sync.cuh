@@ -143,6 +143,43 @@ __device__ __forceinline__ void mk_cp_async_wait_all()
     asm volatile("cp.async.wait_all;" : : : "memory");
 }
 
+/* ---- mbarriers: the hand-over between the loader warp and the compute warps -------------- *
+ * Shared-memory arrive/wait barriers with a phase bit (sm_80+; block scope here). Arrive is a
+ * release and a successful wait an acquire at block scope, so what the arriving threads wrote
+ * before arriving (slot fields, st.shared, cp.async copies it waited for) is visible to the
+ * threads that saw the phase flip. */
+__device__ __forceinline__ void mk_mbar_init(mk_u64* bar, mk_u32 count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                 : : "r"(mk_smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mk_mbar_arrive(mk_u64* bar)
+{
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }"
+                 : : "r"(mk_smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ bool mk_mbar_test_wait(mk_u64* bar, mk_u32 parity)
+{
+    mk_u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(mk_smem_addr(bar)), "r"(parity) : "memory");
+    return ok != 0u;
+}
+
+/* True once the phase with parity `parity` has completed. try_wait lets the hardware suspend
+ * the warp for a while instead of spinning on issue slots. */
+__device__ __forceinline__ bool mk_mbar_try_wait(mk_u64* bar, mk_u32 parity)
+{
+    mk_u32 ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                 "selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(mk_smem_addr(bar)), "r"(parity) : "memory");
+    return ok != 0u;
+}
+
 /* ---- tensor data through pages (unused now: copy and transpose keep data in registers) - *
  * cp.async is a weak generic-proxy access like mk_ld_f4 (not the async proxy of TMA), so the
  * consumer contract above covers it: data another SM produced is read only after this block's

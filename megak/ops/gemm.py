@@ -5,6 +5,11 @@ Each tile instruction reads a row band of `a`, a column band of `b` and its own 
 `bias` / `residual`, so it depends only on the producer tiles that wrote those. Edge tiles are
 short; the device op bounds-checks. fp32 operands run on the FMA pipes, bf16 operands on
 tensor cores; both accumulate in fp32.
+
+Skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch) are lowered differently
+(`skinny_cols`, `lower_skinny`): one instruction per narrow column band of all M rows over the
+whole K, so that a layer is about one instruction per SM and every SM streams only its own
+band of the weights (device/ops/gemm_bf16_skinny.cuh). The scheduler never splits them.
 """
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ PAGES = abi.OP_SHAPES["MK_GEMM_PAGES"]
 PAGES_BY_DTYPE = {"float32": PAGES, "bfloat16": abi.OP_SHAPES["MK_GEMM_BF16_PAGES"]}
 TILE_M = abi.OP_SHAPES["MK_GEMM_TILE_M"]
 TILE_N = abi.OP_SHAPES["MK_GEMM_TILE_N"]
+SKINNY_M = abi.OP_SHAPES["MK_GEMM_SKINNY_M"]
+SKINNY_MAX_N = abi.OP_SHAPES["MK_GEMM_SKINNY_MAX_N"]
+# band widths, narrowest first: whole n8 MMA tiles up to SKINNY_MAX_N
+SKINNY_WIDTHS = tuple(8 << i for i in range(SKINNY_MAX_N.bit_length()) if 8 << i <= SKINNY_MAX_N)
 
 
 def epilogue_flags(op) -> int:
@@ -28,9 +37,25 @@ def epilogue_flags(op) -> int:
             | (act << abi.FLAG_ACT_SHIFT))
 
 
+def skinny_cols(m: int, n: int, dtype: str, n_sm: int) -> int | None:
+    """Column band width of a skinny bf16 GEMM on `n_sm` SMs, or None for the tiled lowering.
+
+    The narrowest band whose instructions fit on the SMs at once (one band per SM, and the
+    fewest weight bytes per SM); the widest if even that gives more bands than SMs. fp32 and
+    M > SKINNY_M keep 128 x 128 tiles (and split-K where they are few)."""
+    if dtype != "bfloat16" or m > SKINNY_M:
+        return None
+    for width in SKINNY_WIDTHS:
+        if -(-n // width) <= n_sm:
+            return width
+    return SKINNY_WIDTHS[-1]
+
+
 def lower(op) -> Lowered:
     if op.attrs.get("split"):
         return lower_split(op)
+    if op.attrs.get("skinny"):
+        return lower_skinny(op)
     a, b = op.inputs[:2]
     m, k = a.shape
     n = b.cols
@@ -55,6 +80,38 @@ def lower(op) -> Lowered:
                    + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
     return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
                    cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
+                   flops=float(flops.sum()), bytes=float(total_bytes),
+                   extra={"k0": zeros, "klen": full_k}, operands=operands,
+                   flags=epilogue_flags(op))
+
+
+def lower_skinny(op) -> Lowered:
+    """One instruction per column band of op.attrs["skinny"] columns: all M rows, the whole
+    K, the epilogue fused. Memory-bound: the cost is the band of b plus a, read once each."""
+    a, b = op.inputs[:2]
+    m, k = a.shape
+    n = b.cols
+    row_edges, col_edges = edges(m, m), edges(n, op.attrs["skinny"])
+    r0, tm, c0, tn = grid(row_edges, col_edges)
+    zeros = np.zeros(len(r0), dtype=np.int64)
+    full_k = np.full(len(r0), k, dtype=np.int64)
+    reads = [Region(r0, r0 + tm, zeros, full_k),      # all of a
+             Region(zeros, full_k, c0, c0 + tn)]      # b[:, band]
+    operands = [abi.ARG_A, abi.ARG_B]
+    ones = np.ones(len(r0), dtype=np.int64)
+    if op.attrs.get("bias"):
+        reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, band]
+        operands.append(abi.ARG_BIAS)
+    if op.attrs.get("residual"):
+        reads.append(Region(r0, r0 + tm, c0, c0 + tn))             # residual[:, band]
+        operands.append(abi.ARG_RESIDUAL)
+    size = ITEMSIZE[a.dtype]
+    flops = 2.0 * tm * tn * k
+    nbytes = size * (k * tn + tm * k) + ITEMSIZE[op.output.dtype] * tm * tn
+    total_bytes = (size * (m * k + k * n) + ITEMSIZE[op.output.dtype] * m * n
+                   + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
+    return Lowered(OPCODE, PAGES, row_edges, col_edges, reads,
+                   cost_ns(flops, nbytes, tensor_cores=True),
                    flops=float(flops.sum()), bytes=float(total_bytes),
                    extra={"k0": zeros, "klen": full_k}, operands=operands,
                    flags=epilogue_flags(op))

@@ -122,6 +122,19 @@ def parse_ptxas_log(log: str, entry: str = KERNEL_NAME) -> dict:
     return info
 
 
+def function_spills(log: str, entry: str = KERNEL_NAME) -> dict[str, tuple[int, int]]:
+    """(spill store bytes, spill load bytes) of every function ptxas compiled for ``entry``
+    (the entry itself and the non-inlined device functions it calls), by mangled name."""
+    start = log.find(f"Compiling entry function '{entry}'")
+    if start < 0:
+        return {}
+    nxt = log.find("Compiling entry function", start + 1)
+    block = log[start:nxt if nxt >= 0 else len(log)]
+    return {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"Function properties for (\S+)\s*\n[^\n]*?\d+ bytes stack frame, (\d+) bytes spill "
+        r"stores, (\d+) bytes spill loads", block)}
+
+
 # ---- cache ---------------------------------------------------------------------------------
 
 def default_cache_dir() -> Path:

@@ -13,7 +13,7 @@ Each ``run``, all on one stream, one wait at the end::
     1. inputs  -> pinned staging (padded rows) -> device        (+ prefetch when managed)
     2. debug: poison every non-input tensor with NaN
     3. zero status + sm_state; write params (epoch, deadline, debug)
-    4. cooperative launch: grid = plan.n_sm, block = MK_THREADS, dynamic smem = pages
+    4. cooperative launch: grid = plan.n_sm, block = MK_BLOCK_THREADS, dynamic smem = pages
     5. status, sm_state, outputs -> pinned staging (or prefetch managed outputs to the host)
     6. wait, bounded by a host watchdog; decode the status; raise or advance the epoch
     7. outputs -> fresh numpy arrays
@@ -215,7 +215,7 @@ class CudaExecutor:
         self._variants: dict[bool, tuple] = {}   # trace -> (compiled, object code, kernel, info)
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
         self._grid = plan.n_sm
-        self._config = _launch_config(plan.n_sm, abi.THREADS, self.smem_bytes)
+        self._config = _launch_config(plan.n_sm, abi.BLOCK_THREADS, self.smem_bytes)
 
         # -- buffers ------------------------------------------------------------------------------
         try:
@@ -323,15 +323,15 @@ class CudaExecutor:
                 f"the plan uses {self.plan.n_pages} shared-memory pages per SM; {info['name']} "
                 f"fits {max_pages} (opt-in {optin:,} B, kernel static {static:,} B): compile "
                 f"the graph with n_pages <= {max_pages}")
-        if max_threads < abi.THREADS:
+        if max_threads < abi.BLOCK_THREADS:
             raise MegakernelError(f"the megakernel can run at most {max_threads} threads per "
-                                  f"block (registers: {regs}); it needs {abi.THREADS}")
+                                  f"block (registers: {regs}); it needs {abi.BLOCK_THREADS}")
         set_max_dynamic(self.smem_bytes)
         blocks = int(check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            func, abi.THREADS, self.smem_bytes), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+            func, abi.BLOCK_THREADS, self.smem_bytes), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
         if blocks < 1:
             raise MegakernelError(
-                f"one block of {abi.THREADS} threads with {self.smem_bytes:,} B of dynamic "
+                f"one block of {abi.BLOCK_THREADS} threads with {self.smem_bytes:,} B of dynamic "
                 f"shared memory does not fit on an SM of {info['name']} (registers/thread "
                 f"{regs}, static smem {static:,} B): the cooperative launch would fail")
         return {"static_smem": static, "registers": regs, "local_bytes": local,
@@ -611,7 +611,7 @@ class CudaExecutor:
         except Exception as exc:
             self._zero_counters = True
             raise MegakernelError(f"cuda: cooperative launch of the megakernel failed "
-                                  f"(grid {self.plan.n_sm}, block {abi.THREADS}, dynamic smem "
+                                  f"(grid {self.plan.n_sm}, block {abi.BLOCK_THREADS}, dynamic smem "
                                   f"{self.smem_bytes:,} B): {exc}") from exc
         # 5. read back; outputs are only used when the status says the run was good
         mem.dtoh(self._status_host_buf.ptr, b["status"].ptr, abi.STATUS_DTYPE.itemsize, h)

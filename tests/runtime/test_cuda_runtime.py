@@ -328,7 +328,7 @@ class _FakeGpu:
             def cuMemPrefetchAsync(self, p, n, loc, flags, h): return fake.ok
             def cuStreamQuery(self, h): return fake.query()
             def cuKernelGetAttribute(self, a, k, d):
-                values = {"CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": abi.THREADS,
+                values = {"CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK": abi.BLOCK_THREADS,
                           "CU_FUNC_ATTRIBUTE_NUM_REGS": 128}
                 return (R.CUDA_SUCCESS, values.get(a.name, 0))
             def cuKernelSetAttribute(self, a, v, k, d): return fake.ok
@@ -352,7 +352,7 @@ class _FakeGpu:
 
         class LaunchConfig:
             def __init__(self, grid, block, shmem_size, is_cooperative):
-                assert is_cooperative and block == abi.THREADS
+                assert is_cooperative and block == abi.BLOCK_THREADS
                 self.grid = grid
 
         def launch(stream, config, kernel, arg):

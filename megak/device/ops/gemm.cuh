@@ -49,6 +49,7 @@
 #include "../pages.cuh"
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
+#include "gemm_bf16_skinny.cuh"
 
 /* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128 come from instr.h. */
 enum {
@@ -194,7 +195,7 @@ __device__ __forceinline__ void mk_gemm_f32_run(const mk_instr& in, const mk_ten
         load(0);
         store(as0, bs0);
     }
-    __syncthreads();
+    mk_compute_sync();
     mk_trace_mark(MK_T_LOADED);
 
     for (int kt = 0; kt < ntiles; ++kt) {
@@ -223,16 +224,22 @@ __device__ __forceinline__ void mk_gemm_f32_run(const mk_instr& in, const mk_ten
 
         if (more)
             store(odd ? as0 : as1, odd ? bs0 : bs1);
-        __syncthreads();   /* stage kt may be overwritten by tile kt + 2 after this */
+        mk_compute_sync();   /* stage kt may be overwritten by tile kt + 2 after this */
     }
 
     mk_trace_mark(MK_T_COMPUTED);
 
     /* Accumulators to the staging tile (the loop's last barrier freed the pages): rows
-     * 4ty + i (+64), chunks tx (+16); then the shared epilogue. */
-    float* const stage[2] = {pages[ty >> 3], pages[2 + (ty >> 3)]};   /* rows 4ty.., 64 + 4ty.. */
+     * 4ty + i (+64), chunks tx (+16); then the shared epilogue. Page plan: pages past the
+     * region's rows go back to the loader first (see mk_gemm_pages_kept). */
+    const int kept = mk_gemm_pages_kept(in.rows);
+    pages.release((mk_u32)kept, MK_GEMM_PAGES);
+    const int page_of[2] = {ty >> 3, 2 + (ty >> 3)};   /* rows 4ty.., 64 + 4ty.. */
+    float* const stage[2] = {pages[page_of[0]], pages[page_of[1] < kept ? page_of[1] : 0]};
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
+        if (page_of[i >> 2] >= kept)   /* rows past the region, on a released page */
+            continue;
         const int m = (i < 4 ? 0 : 64) + 4 * ty + (i & 3);
 #pragma unroll
         for (int h = 0; h < 2; ++h)
@@ -240,23 +247,26 @@ __device__ __forceinline__ void mk_gemm_f32_run(const mk_instr& in, const mk_ten
                 make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2],
                             acc[i][4 * h + 3]);
     }
-    __syncthreads();
+    mk_compute_sync();
     mk_gemm_epilogue(in, op, pages);
 }
 
 /* The op bodies are separate functions (see "Why" above); the dtype of A picks the path.
- * The page table travels by value: a reference would put it on the local stack. */
+ * The page table travels by value: a reference would put it on the local stack; six
+ * arguments still travel in registers (the allocator mask is at a fixed address). */
 __device__ __noinline__ void mk_gemm_f32(const mk_instr& in, const mk_tensor* op,
-                                         unsigned char* page_base, const mk_u8* page_idx)
+                                         unsigned char* page_base, const mk_u8* page_idx,
+                                         mk_u32 preloaded, mk_u32* released)
 {
-    const mk_pages pages = {page_base, page_idx};
+    const mk_pages pages = {page_base, page_idx, preloaded, released, &mk_ctl().free_pages};
     mk_gemm_f32_run(in, op, pages);
 }
 
 __device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* op,
-                                          unsigned char* page_base, const mk_u8* page_idx)
+                                          unsigned char* page_base, const mk_u8* page_idx,
+                                          mk_u32 preloaded, mk_u32* released)
 {
-    const mk_pages pages = {page_base, page_idx};
+    const mk_pages pages = {page_base, page_idx, preloaded, released, &mk_ctl().free_pages};
     mk_gemm_bf16_run(in, op, pages);
 }
 
@@ -265,10 +275,32 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 {
     if (in.rows <= 0 || in.cols <= 0)
         return;
-    if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
-        mk_gemm_bf16(in, op, pages.base, pages.idx);
+    if (op[MK_ARG_A].dtype == MK_DTYPE_BF16 && mk_gemm_is_skinny(in))
+        mk_gemm_skinny(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+    else if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
+        mk_gemm_bf16(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
     else
-        mk_gemm_f32(in, op, pages.base, pages.idx);
+        mk_gemm_f32(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+}
+
+/* The loader's share of a GEMM (megakernel.cu, MK_FOR_EACH_PRELOADING_OP): bf16 tiles only;
+ * the fp32 path transposes A on its way into shared memory, through registers. */
+__device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, const mk_tensor* op)
+{
+    if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16)
+        return 0;
+    if (mk_gemm_is_skinny(in))
+        return mk_gemm_bf16_skinny_preload_stages(in, op);
+    return mk_gemm_bf16_preload_stages(in, op);
+}
+
+__device__ __forceinline__ void mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
+                                                const mk_pages& pages, mk_u32 lane, mk_u32 parts)
+{
+    if (mk_gemm_is_skinny(in))
+        mk_gemm_bf16_skinny_preload(in, op, pages, lane, parts);
+    else
+        mk_gemm_bf16_preload(in, op, pages, lane, parts);
 }
 
 #endif /* MEGAK_OP_GEMM_CUH */

@@ -124,6 +124,54 @@ __device__ __forceinline__ void mk_gemm_bf16_chunk(mk_u32 dst, const mk_u16* src
                  : : "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
 
+/* The loader's share (pages.cuh, mk_preload_parts): the first min(3, k slices) stages, when
+ * both operands take the 16-B cp.async path (the scalar fallback stays with the compute warps).
+ * Same swizzled layout as `load` in mk_gemm_bf16_run; 32 lanes instead of 256 threads, so
+ * 16 chunks of A and 16 of B per lane per stage. */
+__device__ __forceinline__ mk_u32 mk_gemm_bf16_preload_stages(const mk_instr& in, const mk_tensor* op)
+{
+    const mk_tensor& TA = op[MK_ARG_A];
+    const mk_tensor& TB = op[MK_ARG_B];
+    const mk_u64 a = TA.ptr + 2 * ((mk_u64)in.row0 * TA.ld + in.k0);
+    const mk_u64 b = TB.ptr + 2 * ((mk_u64)in.k0 * TB.ld + in.col0);
+    const bool vec = ((a | b) & 15u) == 0 && ((TA.ld | TB.ld) & 7u) == 0;
+    const int ntiles = (in.klen + MK_GEMM_BF16_BK - 1) / MK_GEMM_BF16_BK;
+    return vec ? (mk_u32)mk_clamp(ntiles, 0, MK_GEMM_BF16_STAGES - 1) : 0u;
+}
+
+__device__ __forceinline__ void mk_gemm_bf16_preload(const mk_instr& in, const mk_tensor* op,
+                                                     const mk_pages& pages, mk_u32 lane,
+                                                     mk_u32 parts)
+{
+    const mk_tensor& TA = op[MK_ARG_A];
+    const mk_tensor& TB = op[MK_ARG_B];
+    const int rows = in.rows, cols = in.cols, klen = in.klen;
+    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
+    const mk_u16* gb = reinterpret_cast<const mk_u16*>(TB.ptr) + (mk_u64)in.k0 * TB.ld + in.col0;
+    const int stages = (int)mk_gemm_bf16_preload_stages(in, op);
+    /* not unrolled: the loader warp runs with 56 registers (issue rate is not the limit) */
+#pragma unroll 1
+    for (int st = 0; st < stages; ++st) {
+        const mk_u32 base = mk_smem_addr(pages[st]);
+        const int kb = st * MK_GEMM_BF16_BK;
+#pragma unroll 1
+        for (int c = (int)lane; c < 512; c += 32) {
+            if (parts & MK_PRELOAD_REST) {   /* A: row r, chunk j (k 8j ..) */
+                const int r = c >> 2, j = c & 3;
+                const int n = r < rows ? mk_clamp(klen - kb - 8 * j, 0, 8) : 0;
+                mk_cp_async_16_zfill(base + r * 64 + ((j ^ ((r >> 1) & 3)) << 4),
+                                     n > 0 ? ga + (mk_u64)r * TA.ld + kb + 8 * j : ga, 2u * n);
+            }
+            if (parts & MK_PRELOAD_B) {      /* B: k-row r, chunk j (n 8j ..) */
+                const int r = c >> 4, j = c & 15;
+                const int n = kb + r < klen ? mk_clamp(cols - 8 * j, 0, 8) : 0;
+                mk_cp_async_16_zfill(base + MK_GEMM_BF16_B_OFFSET + r * 256 + ((j ^ (r & 7)) << 4),
+                                     n > 0 ? gb + (mk_u64)(kb + r) * TB.ld + 8 * j : gb, 2u * n);
+            }
+        }
+    }
+}
+
 /* All 256 threads; in.rows, in.cols >= 1. Leaves the accumulators in the staging tile and runs
  * the epilogue. */
 __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_tensor* op,
@@ -225,11 +273,11 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
     };
 
     const int ntiles = (klen + MK_GEMM_BF16_BK - 1) / MK_GEMM_BF16_BK;
-    /* Prologue: slices 0..2 in flight. Always commit (maybe empty) groups so that
+    /* Prologue: slices 0..2 in flight (those the loader warp preloaded are already there). Always commit (maybe empty) groups so that
      * wait_group<STAGES - 2> below always means "slice kt has landed". */
 #pragma unroll
     for (int s = 0; s < MK_GEMM_BF16_STAGES - 1; ++s) {
-        if (s < ntiles)
+        if (s < ntiles && s >= (int)pages.preloaded)   /* the loader's stages have landed */
             load(s);
         mk_cp_async_commit();
     }
@@ -238,7 +286,7 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
         mk_cp_async_wait_group<MK_GEMM_BF16_STAGES - 2>();
         /* Slice kt visible to all; and every warp is done with slice kt - 1, whose stage the
          * next load overwrites: one barrier per k slice. */
-        __syncthreads();
+        mk_compute_sync();
         if (kt == 0)
             mk_trace_mark(MK_T_LOADED);
         if (kt + MK_GEMM_BF16_STAGES - 1 < ntiles)
@@ -256,11 +304,17 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
     /* Every warp is done reading the stages (and no copy is pending: groups after the last
      * slice are empty) before the pages become the staging tile. Fragment (mi, ni): c0 c1 at
      * row g, cols 2q, 2q+1; c2 c3 at row g + 8 (g = lane / 4, q = lane % 4). */
-    __syncthreads();
+    mk_compute_sync();
+    /* Page plan: the staging tile needs only the pages of the region's rows (32 per page);
+     * the others go back to the loader now, while this tile's epilogue runs. */
+    const int kept = mk_gemm_pages_kept(rows);
+    pages.release((mk_u32)kept, MK_GEMM_BF16_PAGES);
     const int g = lane >> 2, q = lane & 3;
     float* const stage[2] = {pages[2 * wm], pages[2 * wm + 1]};   /* rows 64 wm + 0..31, 32..63 */
 #pragma unroll
-    for (int mi = 0; mi < 4; ++mi)
+    for (int mi = 0; mi < 4; ++mi) {
+        if (2 * wm + (mi >> 1) >= kept)   /* rows past the region, on a released page */
+            continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = 64 * wm + 16 * mi + 8 * h + g;
@@ -271,7 +325,8 @@ __device__ __forceinline__ void mk_gemm_bf16_run(const mk_instr& in, const mk_te
                     make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
             }
         }
-    __syncthreads();
+    }
+    mk_compute_sync();
     mk_gemm_epilogue(in, op, pages);
 }
 

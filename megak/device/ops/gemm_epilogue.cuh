@@ -191,6 +191,15 @@ __device__ __forceinline__ float* mk_gemm_stage_at(float* page, int r, int c)
     return page + (r % MK_GEMM_STAGE_ROWS) * MK_GEMM_STAGE_LD + ((c ^ (r & 7)) << 2);
 }
 
+/* Page plan of both GEMM paths: the staging tile holds 32 rows per page, so a region of
+ * `rows` rows keeps ceil(rows / 32) pages for the epilogue and hands the others back after
+ * the k loop (megak/page_plan.py mirrors this). */
+__device__ __forceinline__ int mk_gemm_pages_kept(int rows)
+{
+    const int kept = (rows + MK_GEMM_STAGE_ROWS - 1) / MK_GEMM_STAGE_ROWS;
+    return kept < 1 ? 1 : (kept > 4 ? 4 : kept);
+}
+
 /* All threads, after the staging tile is complete and a barrier: the tile's rows x cols
  * outputs with the epilogue of in.flags. No barrier inside (threads may leave early). */
 __device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_tensor* op,

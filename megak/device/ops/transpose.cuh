@@ -105,10 +105,10 @@ __device__ __forceinline__ void mk_transpose_blocks(const float* a, mk_u32 lda, 
     }
 }
 
-__device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_tensor* op,
-                                                 const mk_pages& pages)
+/* A function of its own, like the GEMM bodies: its registers are allocated apart from the
+ * interpreter loop's (inlined there, the two together spill). */
+__device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tensor* op)
 {
-    (void)pages;
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
     const int nj = in.rows;   /* output rows    = columns of the A tile */
@@ -126,6 +126,13 @@ __device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_te
         mk_transpose_blocks<true>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
     else
         mk_transpose_blocks<false>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
+}
+
+__device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_tensor* op,
+                                                 const mk_pages& pages)
+{
+    (void)pages;
+    mk_transpose_body(in, op);
 }
 
 #endif /* MEGAK_OP_TRANSPOSE_CUH */
