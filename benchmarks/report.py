@@ -268,7 +268,7 @@ def render_summary(doc: dict) -> list[str]:
     lines = ["| workload | target | megak | gap | best other variant | megak speed vs it "
              "| DESIGN.md baseline |", "|---|---|---|---|---|---|---|"]
     if before:
-        lines = [lines[0][:-1] + " megak before |", lines[1] + "---|"]
+        lines = [lines[0] + " megak before |", lines[1] + "---|"]
     for name, t in TARGETS.items():
         if name in nya:
             lines.append(f"| {name} | {t.text()} | not yet available | not measured: {nya[name]} "

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""One small mixed graph (gemm -> transpose -> copy) through the CUDA backend, checked
-against float64. The workload `tools/sanitize.sh` runs under compute-sanitizer.
+"""One small mixed graph through the CUDA backend, checked against float64: the workload
+`tools/sanitize.sh` runs under compute-sanitizer. It touches every path of the megakernel:
+an fp32 gemm -> transpose -> copy, and in bf16 a chain of two skinny GEMMs (M = 16: weights
+preloaded by the loader warp before the wait, A straight from global memory) plus a 128-row
+tile GEMM whose first stages the loader fills, with early page hand-back (short tiles).
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -22,8 +25,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import megak  # noqa: E402
+from megak.dtypes import numpy_dtype  # noqa: E402
+
+BF16 = numpy_dtype("bfloat16")
 
 U32 = 2.0 ** -24  # fp32 unit roundoff
+
+
+BF16_U = 2.0 ** -8  # bf16 unit roundoff (outputs rounded to nearest even)
+SKINNY_M, BF16_K, BF16_N, TILE_M = 16, 200, 40, 40
 
 
 def build(m: int, k: int, n: int) -> megak.Graph:
@@ -34,7 +44,33 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     t = g.transpose(c)
     y = g.copy(t)
     g.output(y, "y")
+    x = g.input("x", (SKINNY_M, BF16_K), "bfloat16")
+    w1 = g.input("w1", (BF16_K, BF16_N), "bfloat16")
+    w2 = g.input("w2", (BF16_N, BF16_N), "bfloat16")
+    h = g.gemm(x, w1, activation="relu")
+    g.output(h, "h")
+    g.output(g.gemm(h, w2), "z")
+    p = g.input("p", (TILE_M, BF16_K), "bfloat16")
+    g.output(g.gemm(p, w1), "q")
     return g
+
+
+def check_bf16(got, a, b, what: str, relu: bool = False) -> tuple[bool, str]:
+    """A bf16 GEMM output against float64 of its actual (bf16) inputs: the fp32 dot-product
+    bound plus one bf16 rounding of the result."""
+    a64, b64 = (np.asarray(v, dtype=np.float64) for v in (a, b))
+    ref = a64 @ b64
+    if relu:
+        ref = np.maximum(ref, 0.0)
+    bound = 2 * a64.shape[1] * U32 * (np.abs(a64) @ np.abs(b64)) + BF16_U * np.abs(ref)
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != ref.shape or not np.isfinite(got).all():
+        return False, f"{what}: shape {got.shape} or non-finite values (unwritten output?)"
+    err = np.abs(got - ref)
+    if (err > bound + 1e-30).any():
+        i = int(np.argmax(err - bound))
+        return False, f"{what}: error {err.flat[i]:.3e} exceeds bound {bound.flat[i]:.3e}"
+    return True, f"{what}: max error {err.max():.3e}"
 
 
 def check(y: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
@@ -83,10 +119,18 @@ def main(argv=None) -> int:
         for run in range(args.runs):
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
-            y = prog.run(a=a, b=b)["y"]
-            good, msg = check(y, a, b)
-            print(f"sanitize_graph: run {run}: {'ok' if good else 'MISMATCH'}: {msg}", flush=True)
-            ok &= good
+            bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
+                  for name, shape in (("x", (SKINNY_M, BF16_K)), ("w1", (BF16_K, BF16_N)),
+                                      ("w2", (BF16_N, BF16_N)), ("p", (TILE_M, BF16_K)))}
+            out = prog.run(a=a, b=b, **bf)
+            results = [check(out["y"], a, b),
+                       check_bf16(out["h"], bf["x"], bf["w1"], "h = relu(x @ w1)", relu=True),
+                       check_bf16(out["z"], out["h"], bf["w2"], "z = h @ w2"),
+                       check_bf16(out["q"], bf["p"], bf["w1"], "q = p @ w1")]
+            for good, msg in results:
+                print(f"sanitize_graph: run {run}: {'ok' if good else 'MISMATCH'}: {msg}",
+                      flush=True)
+                ok &= good
     except Exception:
         traceback.print_exc()
         print("sanitize_graph: FAILED while running", flush=True)
