@@ -60,12 +60,18 @@ def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue
     opname = abi.OPCODE_NAMES.get(rec["opcode"], f"opcode {rec['opcode']}")
     head = (f"{backend + ': ' if backend else ''}{name} on SM {rec['sm']}, queue index "
             f"{rec['queue_index']} ({opname} instruction of {label(rec['op_index'])})")
-    if code == abi.ERRORS["MK_ERR_TIMEOUT"]:
+    # a counter wait always has a target > 0; expected = 0 marks the GPU's loader warp waiting
+    # for its own SM's compute warps (an instruction that ran past the deadline)
+    own_sm = code == abi.ERRORS["MK_ERR_TIMEOUT"] and rec["expected"] == 0
+    if own_sm:
+        head += (": waited for this SM's previous instructions to finish (not a counter): one "
+                 "ran past the deadline")
+    elif code == abi.ERRORS["MK_ERR_TIMEOUT"]:
         head += (f": waited for counter {rec['counter']} to reach {rec['expected']}, "
                  f"observed {rec['observed']}")
     lines = [head]
     have_queues = instrs is not None and queue_start is not None and len(states) > 0
-    if code == abi.ERRORS["MK_ERR_TIMEOUT"] and have_queues:
+    if code == abi.ERRORS["MK_ERR_TIMEOUT"] and have_queues and not own_sm:
         lines.append(f"  producers of counter {rec['counter']}: "
                      + _producers(rec["counter"], instrs, queue_start, states, label))
     stuck = [(sm, s) for sm, s in enumerate(states)

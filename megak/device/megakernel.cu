@@ -301,7 +301,7 @@ __device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u6
         if (idle)
             return MK_ERR_PAGE_LEAK;
         if (mk_globaltimer() > deadline)
-            return MK_ERR_PAGES;
+            return MK_ERR_PAGES;   /* the running instruction held them past the deadline */
     }
 }
 
@@ -328,7 +328,8 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
     for (mk_u32 q = 0; q < n; ++q) {
         mk_slot& s = ctl.slot[q & 1];
         mk_u32 error = MK_OK;
-        /* L1 */
+        /* L1 (past the deadline: MK_ERR_TIMEOUT with expected 0, which no counter wait has:
+         * the host reports it as a wait for this SM's own instruction) */
         if (q >= 2 && lane == 0 &&
             !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, mk_deadline(p.timeout_ns)))
             error = MK_ERR_TIMEOUT;
@@ -361,9 +362,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
             if (error == MK_OK) {
                 error = mk_loader_acquire(ctl, s, q, p.timeout_ns, &e.observed);
                 if (error != MK_OK)
-                    e.expected = s.ins.pages;
-                if (error == MK_ERR_PAGES)
-                    error = MK_ERR_TIMEOUT;   /* waited past the deadline for pages */
+                    e.expected = s.ins.pages;   /* observed: the pages free at the end */
             }
 #if MK_TRACE
             s.t_loader[2] = mk_globaltimer();
@@ -431,85 +430,67 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
     mk_cp_async_wait_all();   /* no copy may land after the block is gone */
 }
 
+/* C4, after the compute barrier: thread 0 signals the counters (fence.release + red per
+ * counter), releases the pages the op still holds, writes the trace event and hands the slot
+ * back. */
+__device__ __forceinline__ void mk_compute_signal(mk_u32 q)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    mk_slot& s = ctl.slot[q & 1];
+#if MK_TRACE
+    if (ctl.trace_t[MK_T_LOADED] == 0)
+        ctl.trace_t[MK_T_LOADED] = ctl.trace_t[MK_T_FETCH];
+    if (ctl.trace_t[MK_T_COMPUTED] == 0)
+        ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
+#endif
+    /* Signal first (consumers on other SMs wait for it; the pages are local): the barrier
+     * ordered the block's writes before this thread; the fence makes them visible at gpu
+     * scope before the counters move (one MEMBAR for all). */
+    const mk_u32 n_signals = s.ins.n_signals;
+    if (n_signals > 0)
+        mk_fence_release();
+#if MK_TRACE
+    /* stored: results visible, counters not yet moved, so no consumer's "waited" can ever
+     * read an earlier clock than its producer's "stored" */
+    const mk_u64 t_stored = mk_globaltimer();
+#endif
+    for (mk_u32 i = 0; i < n_signals; ++i)
+        mk_red_relaxed_add(reinterpret_cast<mk_u32*>(p.counters) + s.ins.signal_counter[i], 1u);
+    /* release what the op still holds */
+    const mk_pages pages = {mk_page_array(mk_smem), s.page, 0u, &s.released, &ctl.free_pages};
+    pages.release(0, s.ins.pages);
+#if MK_TRACE
+    mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + ctl.q_begin + q;
+    ev->queue_index = q;
+    ev->sm = (mk_u16)blockIdx.x;
+    ev->slot = (mk_u16)(q & 1);
+    ev->opcode = s.ins.opcode;
+    ev->pages_in_use = (mk_u16)s.pages_in_use;
+    ev->op_index = s.ins.op_index;
+    ev->t[MK_T_FETCH] = s.t_loader[0];
+    ev->t[MK_T_WAITED] = s.t_loader[1];
+    ev->t[MK_T_ACQUIRED] = s.t_loader[2];
+    ev->t[MK_T_LOADED] = ctl.trace_t[MK_T_LOADED];
+    ev->t[MK_T_COMPUTED] = ctl.trace_t[MK_T_COMPUTED];
+    ev->t[MK_T_STORED] = t_stored;
+#endif
+    mk_mbar_arrive(&ctl.empty[q & 1]);
+}
+
 /* The compute warps (threads 0 .. MK_THREADS-1), per instruction q:
  *   C1. wait for full[q & 1] (all 256 threads: each acquires the slot and the preloads)
  *   C2. run the op; it hands pages back early where its page plan says so
  *   C3. compute barrier: every thread's global writes done, pages no longer read
- *   C4. thread 0: signal the counters (fence.release + red per counter), release the
- *       remaining pages, arrive on empty[q & 1]
+ *   C4. thread 0: signal, release the remaining pages, arrive on empty[q & 1]
  * A function of its own, called after setmaxnreg.inc: ptxas then allocates it (like the op
  * bodies) with the compute warps' register budget instead of the entry's 168. */
-/* Compute thread `tid`'s queue position lives in shared memory, not in a register: the op
- * bodies are calls, and a register live across them is saved to local memory and reloaded
- * after, right on the dependent path (measured: ~0.4 us per instruction in a chain). */
-__device__ __forceinline__ volatile mk_u32& mk_compute_q()
-{
-    return mk_ctl().compute_q[threadIdx.x];
-}
-
-/* C4, after the compute barrier: thread 0 signals the counters (fence.release + red per
- * counter), releases the pages the op still holds, writes the trace event and hands the slot
- * back; every thread moves to the next instruction. */
-__device__ __forceinline__ void mk_compute_signal()
+__device__ __noinline__ void mk_compute()
 {
     mk_control& ctl = mk_ctl();
     const mk_params& p = ctl.params;
-    const mk_u32 q = mk_compute_q();
-    mk_slot& s = ctl.slot[q & 1];
-    if (threadIdx.x == 0) {
-#if MK_TRACE
-        if (ctl.trace_t[MK_T_LOADED] == 0)
-            ctl.trace_t[MK_T_LOADED] = ctl.trace_t[MK_T_FETCH];
-        if (ctl.trace_t[MK_T_COMPUTED] == 0)
-            ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
-#endif
-        /* Signal first (consumers on other SMs wait for it; the pages are local): the barrier
-         * ordered the block's writes before this thread; the fence makes them visible at gpu
-         * scope before the counters move (one MEMBAR for all). */
-        const mk_u32 n_signals = s.ins.n_signals;
-        if (n_signals > 0)
-            mk_fence_release();
-#if MK_TRACE
-        /* stored: results visible, counters not yet moved, so no consumer's "waited" can
-         * ever read an earlier clock than its producer's "stored" */
-        const mk_u64 t_stored = mk_globaltimer();
-#endif
-        for (mk_u32 i = 0; i < n_signals; ++i)
-            mk_red_relaxed_add(reinterpret_cast<mk_u32*>(p.counters) + s.ins.signal_counter[i],
-                               1u);
-        /* release what the op still holds */
-        const mk_pages pages = {mk_page_array(mk_smem), s.page, 0u, &s.released, &ctl.free_pages};
-        pages.release(0, s.ins.pages);
-#if MK_TRACE
-        mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + ctl.q_begin + q;
-        ev->queue_index = q;
-        ev->sm = (mk_u16)blockIdx.x;
-        ev->slot = (mk_u16)(q & 1);
-        ev->opcode = s.ins.opcode;
-        ev->pages_in_use = (mk_u16)s.pages_in_use;
-        ev->op_index = s.ins.op_index;
-        ev->t[MK_T_FETCH] = s.t_loader[0];
-        ev->t[MK_T_WAITED] = s.t_loader[1];
-        ev->t[MK_T_ACQUIRED] = s.t_loader[2];
-        ev->t[MK_T_LOADED] = ctl.trace_t[MK_T_LOADED];
-        ev->t[MK_T_COMPUTED] = ctl.trace_t[MK_T_COMPUTED];
-        ev->t[MK_T_STORED] = t_stored;
-#endif
-        mk_mbar_arrive(&ctl.empty[q & 1]);
-    }
-    mk_compute_q() = q + 1;
-}
-
-__device__ __noinline__ void mk_compute()
-{
-    const mk_u32 tid = threadIdx.x;
-    mk_compute_q() = 0;
-    for (;;) {
-        mk_control& ctl = mk_ctl();
-        const mk_params& p = ctl.params;
-        const mk_u32 q = mk_compute_q();
-        if (q >= ctl.n)
-            break;
+    const mk_u32 tid = threadIdx.x, n = ctl.n;
+    for (mk_u32 q = 0; q < n; ++q) {
         mk_slot& s = ctl.slot[q & 1];
         /* C1. The loader's waits are bounded, so this one only guards against a lost loader:
          * three of its deadlines (slot, pages, counters) plus a margin. */
@@ -536,12 +517,11 @@ __device__ __noinline__ void mk_compute()
         mk_op_run(s.ins, s.operand, pages);
         /* C3 */
         mk_compute_sync();
-        mk_compute_signal();
+        /* C4 */
+        if (tid == 0)
+            mk_compute_signal(q);
     }
     if (tid == 0) {
-        mk_control& ctl = mk_ctl();
-        const mk_params& p = ctl.params;
-        const mk_u32 n = ctl.n;
         /* A leak is reported against the queue's last instruction, as the simulator does. */
         const mk_u32 free_now = mk_pages_free_now(&ctl.free_pages);
         if (p.debug && free_now != mk_all_pages_mask(p.n_pages)) {

@@ -160,15 +160,6 @@ __device__ __forceinline__ void mk_mbar_arrive(mk_u64* bar)
                  : : "r"(mk_smem_addr(bar)) : "memory");
 }
 
-__device__ __forceinline__ bool mk_mbar_test_wait(mk_u64* bar, mk_u32 parity)
-{
-    mk_u32 ok;
-    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; "
-                 "selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok) : "r"(mk_smem_addr(bar)), "r"(parity) : "memory");
-    return ok != 0u;
-}
-
 /* True once the phase with parity `parity` has completed. try_wait lets the hardware suspend
  * the warp for a while instead of spinning on issue slots. */
 __device__ __forceinline__ bool mk_mbar_try_wait(mk_u64* bar, mk_u32 parity)

@@ -6,10 +6,11 @@ Each tile instruction reads a row band of `a`, a column band of `b` and its own 
 short; the device op bounds-checks. fp32 operands run on the FMA pipes, bf16 operands on
 tensor cores; both accumulate in fp32.
 
-Skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch) are lowered differently
-(`skinny_cols`, `lower_skinny`): one instruction per narrow column band of all M rows over the
-whole K, so that a layer is about one instruction per SM and every SM streams only its own
-band of the weights (device/ops/gemm_bf16_skinny.cuh). The scheduler never splits them.
+Skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch) get other tiles: the
+scheduler asks `skinny_cols` for a band width, and `lower` makes one instruction per narrow
+column band of all M rows over the whole K, so that a layer is about one instruction per SM
+and every SM streams only its own band of the weights (device/ops/gemm_bf16_skinny.cuh).
+The scheduler never splits them.
 """
 from __future__ import annotations
 
@@ -52,14 +53,17 @@ def skinny_cols(m: int, n: int, dtype: str, n_sm: int) -> int | None:
 
 
 def lower(op) -> Lowered:
+    """One instruction per output tile over the whole K: 128 x 128 tiles, or for a skinny
+    bf16 GEMM (op.attrs["skinny"] = band width) one band of all M rows by that many columns
+    (memory-bound: the cost is the band of b plus a, each read once)."""
     if op.attrs.get("split"):
         return lower_split(op)
-    if op.attrs.get("skinny"):
-        return lower_skinny(op)
     a, b = op.inputs[:2]
     m, k = a.shape
     n = b.cols
-    row_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
+    band = op.attrs.get("skinny")
+    row_edges = edges(m, m) if band else edges(m, TILE_M)
+    col_edges = edges(n, band if band else TILE_N)
     r0, tm, c0, tn = grid(row_edges, col_edges)
     zeros = np.zeros(len(r0), dtype=np.int64)
     full_k = np.full(len(r0), k, dtype=np.int64)
@@ -80,38 +84,6 @@ def lower(op) -> Lowered:
                    + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
     return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
                    cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
-                   flops=float(flops.sum()), bytes=float(total_bytes),
-                   extra={"k0": zeros, "klen": full_k}, operands=operands,
-                   flags=epilogue_flags(op))
-
-
-def lower_skinny(op) -> Lowered:
-    """One instruction per column band of op.attrs["skinny"] columns: all M rows, the whole
-    K, the epilogue fused. Memory-bound: the cost is the band of b plus a, read once each."""
-    a, b = op.inputs[:2]
-    m, k = a.shape
-    n = b.cols
-    row_edges, col_edges = edges(m, m), edges(n, op.attrs["skinny"])
-    r0, tm, c0, tn = grid(row_edges, col_edges)
-    zeros = np.zeros(len(r0), dtype=np.int64)
-    full_k = np.full(len(r0), k, dtype=np.int64)
-    reads = [Region(r0, r0 + tm, zeros, full_k),      # all of a
-             Region(zeros, full_k, c0, c0 + tn)]      # b[:, band]
-    operands = [abi.ARG_A, abi.ARG_B]
-    ones = np.ones(len(r0), dtype=np.int64)
-    if op.attrs.get("bias"):
-        reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, band]
-        operands.append(abi.ARG_BIAS)
-    if op.attrs.get("residual"):
-        reads.append(Region(r0, r0 + tm, c0, c0 + tn))             # residual[:, band]
-        operands.append(abi.ARG_RESIDUAL)
-    size = ITEMSIZE[a.dtype]
-    flops = 2.0 * tm * tn * k
-    nbytes = size * (k * tn + tm * k) + ITEMSIZE[op.output.dtype] * tm * tn
-    total_bytes = (size * (m * k + k * n) + ITEMSIZE[op.output.dtype] * m * n
-                   + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
-    return Lowered(OPCODE, PAGES, row_edges, col_edges, reads,
-                   cost_ns(flops, nbytes, tensor_cores=True),
                    flops=float(flops.sum()), bytes=float(total_bytes),
                    extra={"k0": zeros, "klen": full_k}, operands=operands,
                    flags=epilogue_flags(op))
