@@ -90,3 +90,18 @@ def check_graph(prog, graph, rng, what=""):
         value, bound = env[t.index]
         assert_close(out[name], value, bound, f"{what} output {name!r}", t.dtype)
     return inputs, out
+
+
+def nan_outside_tile(a: np.ndarray, b: np.ndarray, row0: int, rows: int, col0: int, cols: int,
+                     k0: int, klen: int) -> np.ndarray:
+    """NaN everywhere in `a` and `b` but the operands of one GEMM tile (rows x klen of a,
+    klen x cols of b), so that a model reading outside them, or missing a zero fill, shows.
+    Returns the tile's float64 product."""
+    outside = np.ones(a.shape, bool)
+    outside[row0:row0 + rows, k0:k0 + klen] = False
+    a[outside] = np.nan
+    outside = np.ones(b.shape, bool)
+    outside[k0:k0 + klen, col0:col0 + cols] = False
+    b[outside] = np.nan
+    return (a[row0:row0 + rows, k0:k0 + klen].astype(np.float64)
+            @ b[k0:k0 + klen, col0:col0 + cols].astype(np.float64))

@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.reference import nan_outside_tile
+
 compiler = pytest.importorskip("megak.runtime.compiler")
 pytest.importorskip("cuda.core")
 
@@ -286,14 +288,7 @@ def test_bf16_tile_model(m, k, n, row0, col0, rows, cols, k0, klen):
     a = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((k, n)).astype(ml_dtypes.bfloat16)
     # NaN outside the region: a read there, or a missing zero fill, would show
-    outside = np.ones(a.shape, bool)
-    outside[row0:row0 + rows, k0:k0 + klen] = False
-    a[outside] = np.nan
-    outside = np.ones(b.shape, bool)
-    outside[k0:k0 + klen, col0:col0 + cols] = False
-    b[outside] = np.nan
+    ref = nan_outside_tile(a, b, row0, rows, col0, cols, k0, klen)
     tile = _model_tile(a, b, row0, col0, rows, cols, k0, klen)
-    ref = (a[row0:row0 + rows, k0:k0 + klen].astype(np.float64)
-           @ b[k0:k0 + klen, col0:col0 + cols].astype(np.float64))
     np.testing.assert_allclose(tile[:rows, :cols], ref, rtol=1e-12, atol=1e-12)
     assert (tile[rows:] == 0).all() and (tile[:, cols:] == 0).all()

@@ -8,7 +8,7 @@ import megak
 from megak import abi, scheduler
 from megak.dtypes import numpy_dtype
 from megak.ops import gemm, reduce
-from tests.reference import assert_close, evaluate, random_inputs
+from tests.reference import assert_close, evaluate, nan_outside_tile, random_inputs
 
 N_SM = 132   # an H200's SM count: the band width depends on it
 
@@ -432,15 +432,8 @@ def test_skinny_device_model(m, k, n, row0, col0, rows, cols, k0, klen):
     a = rng.standard_normal((m, k)).astype(bf16)
     b = rng.standard_normal((k, n)).astype(bf16)
     # NaN outside the region: a read there, or a missing zero fill, would show
-    outside = np.ones(a.shape, bool)
-    outside[row0:row0 + rows, k0:k0 + klen] = False
-    a[outside] = np.nan
-    outside = np.ones(b.shape, bool)
-    outside[k0:k0 + klen, col0:col0 + cols] = False
-    b[outside] = np.nan
+    ref = nan_outside_tile(a, b, row0, rows, col0, cols, k0, klen)
     tile = _model_skinny(a, b, row0, col0, rows, cols, k0, klen)
-    ref = (a[row0:row0 + rows, k0:k0 + klen].astype(np.float64)
-           @ b[k0:k0 + klen, col0:col0 + cols].astype(np.float64))
     np.testing.assert_allclose(tile, ref, rtol=1e-12, atol=1e-12)
 
 
