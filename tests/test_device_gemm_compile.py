@@ -15,13 +15,11 @@ GPU correctness goes through the public API (tests/ops/test_gemm.py).
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests import sass
 from tests.reference import nan_outside_tile
 
 compiler = pytest.importorskip("megak.runtime.compiler")
@@ -115,29 +113,8 @@ def test_bf16_path_uses_tensor_cores_in_ptx(ptx):
     assert ".entry megakernel" in ptx and ".entry megak_op" in ptx
 
 
-def _nvdisasm() -> str | None:
-    found = shutil.which("nvdisasm")
-    if found:
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in map(Path, getattr(nvidia, "__path__", [])):
-        for cand in sorted(root.glob("*/bin/nvdisasm")):
-            return str(cand)
-    return None
-
-
 def test_bf16_path_uses_tensor_cores_in_sass(kernel, tmp_path):
-    tool = _nvdisasm()
-    if tool is None:
-        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
-    path = tmp_path / "k.cubin"
-    path.write_bytes(kernel.cubin)
-    sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-    funcs = re.split(r"\n\s*\.type\s+", sass)
+    funcs = sass.functions(kernel.cubin, tmp_path)
     bf16 = [f for f in funcs if f.startswith("$megakernel$") and "mk_gemm_bf16" in f.split(",")[0]]
     assert len(bf16) == 1, "the bf16 GEMM body is not a separate function of the megakernel"
     body = bf16[0]

@@ -8,6 +8,7 @@ import megak
 from megak import abi, scheduler
 from megak.dtypes import numpy_dtype
 from megak.ops import gemm, reduce
+from tests import sass
 from tests.reference import assert_close, evaluate, nan_outside_tile, random_inputs
 
 N_SM = 132   # an H200's SM count: the band width depends on it
@@ -480,25 +481,8 @@ def test_device_code_fits_its_registers(probe, entry):
 
 def test_device_code_uses_tensor_cores(probe, tmp_path):
     import re
-    import shutil
-    import subprocess
-    from pathlib import Path
     _, k = probe
-    tool = shutil.which("nvdisasm")
-    if tool is None:
-        try:
-            import nvidia
-            tool = next((str(p) for root in map(Path, nvidia.__path__)
-                         for p in sorted(root.glob("*/bin/nvdisasm"))), None)
-        except ImportError:
-            pass
-    if tool is None:
-        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
-    path = tmp_path / "probe.cubin"
-    path.write_bytes(k.cubin)
-    sass = subprocess.run([tool, "-c", str(path)], capture_output=True, text=True,
-                          check=True).stdout
-    funcs = {f.split(",")[0].strip(): f for f in re.split(r"\n\s*\.type\s+", sass)}
+    funcs = {f.split(",")[0].strip(): f for f in sass.functions(k.cubin, tmp_path)}
     op = funcs["skinny_probe"]
     # one k loop per band width (1, 2, 4 planes), unrolled over a turn of the 4-slot A ring:
     # 4 k blocks x (1 + 2 + 4) planes x 2 k16 steps = 56 MMAs, one ldmatrix.x4.trans per block
