@@ -22,7 +22,16 @@ __all__ = [
     "Program",
     "Tensor",
     "Trace",
+    "bfloat16",
     "compile",
     "resolve_backend",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # megak.bfloat16, ml_dtypes' numpy type, resolved on first use like megak.dtypes does
+    if name == "bfloat16":
+        from . import dtypes
+        return dtypes.bfloat16
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,8 @@
 """The element types megak supports, by name, with their numpy dtypes and ABI codes.
 
-bfloat16 comes from ml_dtypes (numpy has no bfloat16); it is imported only when used.
+bfloat16 comes from ml_dtypes (numpy has no bfloat16); it is imported only when used, and
+``bfloat16`` here (also ``megak.bfloat16``) is its numpy scalar type, as ``np.float32`` is
+float32's: ``np.zeros(n, megak.bfloat16)``, ``x.astype(megak.bfloat16)``.
 """
 from __future__ import annotations
 
@@ -15,6 +17,13 @@ ITEMSIZE = {"float32": 4, "bfloat16": 2}
 POISON_WORD = {"float32": 0x7FC00000, "bfloat16": 0x7FC07FC0}
 # unit roundoff (half an ulp at 1.0): what one rounding to this dtype can cost, relatively
 UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "bfloat16": 2.0 ** -8}
+
+
+def __getattr__(name: str):
+    # a module attribute resolved on first use, so importing megak does not import ml_dtypes
+    if name == "bfloat16":
+        return numpy_dtype("bfloat16").type
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def numpy_dtype(name: str) -> np.dtype:
