@@ -3,7 +3,7 @@ simulator (logical steps), with exporters.
 
     prog.run(..., trace=True); tr = prog.last_trace
     tr.save_json("t.json")   # open in ui.perfetto.dev: a track per SM, a slice per instruction
-    tr.save_png("t.png")     # SM x time picture, coloured by op, waits shaded (matplotlib)
+    tr.save_png("t.png")     # SM x time picture, coloured by op, waits shaded (megak[plot])
     print(tr.summary())      # per op: time, GB/s, TFLOP/s vs ceilings; idle fraction per SM
 """
 from __future__ import annotations
@@ -33,6 +33,24 @@ SEGMENTS = [("acquire", _FETCH, _ACQUIRED), ("wait", _ACQUIRED, _WAITED),
 
 # H200 ceilings measured with vendor libraries (DESIGN.md section 9): fp32 GEMM, copy.
 DEFAULT_CEILINGS = {"fp32_tflops": 50.8, "bf16_tflops": 766.0, "hbm_gbps": 4171.0}
+
+
+class PlotUnavailable(ImportError):
+    """Trace.save_png cannot draw: matplotlib cannot be imported. The message says why and
+    how to install it, in one line; Trace.save_json needs nothing."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")   # files only: never needs a display
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        # e.name is the module that failed: matplotlib itself, or one of its dependencies
+        why = ("matplotlib is not installed" if e.name == "matplotlib"
+               else f"matplotlib cannot be imported: {e}")
+        raise PlotUnavailable(f"{why}: pip install megak[plot]") from None
+    return plt
 
 
 @dataclass
@@ -130,13 +148,8 @@ class Trace:
             json.dump(self.to_chrome(), f)
 
     def save_png(self, path, max_sms: int | None = None) -> None:
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            raise ImportError("Trace.save_png needs matplotlib (pip install matplotlib); "
-                              "Trace.save_json needs nothing") from None
+        """Raises PlotUnavailable (an ImportError) when matplotlib cannot be imported."""
+        plt = _pyplot()
         t = self._t() * (1e-3 if self.unit == "ns" else 1.0)
         unit = "µs" if self.unit == "ns" else "steps"
         sms = sorted(set(self.events["sm"].tolist()))[:max_sms]
