@@ -40,6 +40,7 @@ FLAGS = _enum("mk_flags")
 DTYPES = _enum("mk_dtype")
 OPERANDS = _enum("mk_operand")
 OP_SHAPES = _enum("mk_op_shapes")
+OPERAND_MASKS = _enum("mk_op_operands")
 TRACE_PHASES = _enum("mk_trace_phase")
 ACTIVATIONS = _enum("mk_activation")
 
@@ -56,10 +57,8 @@ BLOCK_THREADS = LIMITS["MK_BLOCK_THREADS"]
 TENSOR_ALIGN_BYTES = LIMITS["MK_TENSOR_ALIGN_BYTES"]
 
 OP_NOP = OPCODES["MK_OP_NOP"]
-OP_COPY = OPCODES["MK_OP_COPY"]
-OP_TRANSPOSE = OPCODES["MK_OP_TRANSPOSE"]
-OP_GEMM = OPCODES["MK_OP_GEMM"]
 OPCODE_NAMES = {v: k[len("MK_OP_"):].lower() for k, v in OPCODES.items() if k != "MK_OP_COUNT"}
+OPCODE_OF = {name: code for code, name in OPCODE_NAMES.items()}   # "gemm" -> MK_OP_GEMM
 ERROR_NAMES = {v: k for k, v in ERRORS.items()}
 
 ARG_A = OPERANDS["MK_ARG_A"]
@@ -72,6 +71,7 @@ FLAG_RESIDUAL = FLAGS["MK_FLAG_RESIDUAL"]
 FLAG_ACT_SHIFT = FLAGS["MK_FLAG_ACT_SHIFT"]
 FLAG_ACT_MASK = FLAGS["MK_FLAG_ACT_MASK"]
 FLAG_B_READY = FLAGS["MK_FLAG_B_READY"]
+FLAG_CAUSAL = FLAGS["MK_FLAG_CAUSAL"]
 ARG_BIAS = OPERANDS["MK_ARG_BIAS"]
 ARG_RESIDUAL = OPERANDS["MK_ARG_RESIDUAL"]
 
@@ -160,7 +160,9 @@ def layout_asserts() -> str:
         for name, field in t.fields:
             lines.append(f"static_assert(__builtin_offsetof({ctype}, {name}) == {field.offset},"
                          f' "{ctype}.{name}");')
-    for enum in ("mk_limits", "mk_op_shapes", "mk_trace_phase", "mk_activation", "mk_opcode", "mk_error", "mk_flags", "mk_dtype", "mk_operand"):
+    for enum in ("mk_limits", "mk_op_shapes", "mk_op_operands", "mk_trace_phase",
+                 "mk_activation", "mk_opcode", "mk_error", "mk_flags", "mk_dtype",
+                 "mk_operand"):
         for name, value in _enum(enum).items():
             lines.append(f'static_assert({name} == {value}, "{name}");')
     return "\n".join(lines) + "\n"

@@ -13,6 +13,8 @@ from . import abi
 SUPPORTED = ("float32", "bfloat16")
 ABI_CODE = {"float32": abi.DTYPES["MK_DTYPE_F32"], "bfloat16": abi.DTYPES["MK_DTYPE_BF16"]}
 ITEMSIZE = {"float32": 4, "bfloat16": 2}
+# rows of megak-owned buffers start MK_TENSOR_ALIGN_BYTES-aligned: this many elements
+TENSOR_ALIGN_ELEMS = {name: abi.TENSOR_ALIGN_BYTES // size for name, size in ITEMSIZE.items()}
 # a quiet-NaN bit pattern filling one 32-bit word (two bf16 NaNs side by side)
 POISON_WORD = {"float32": 0x7FC00000, "bfloat16": 0x7FC07FC0}
 # unit roundoff (half an ulp at 1.0): what one rounding to this dtype can cost, relatively

@@ -5,6 +5,14 @@ from __future__ import annotations
 from . import abi
 
 
+
+def fmt_bytes(n: int) -> str:
+    """A byte count for messages: '1.50 GiB (1,610,612,736 B)'."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit} ({n:,} B)"
+    return f"{n:,} B"
+
 class GraphError(ValueError):
     """A bad graph, or inputs that do not match it. Raised before any launch."""
 

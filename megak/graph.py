@@ -1,14 +1,13 @@
-"""The user's graph: tensors, ops and validation. Nothing here knows about tiles or SMs."""
+"""The user's graph: tensors, ops and validation. Nothing here knows about tiles or SMs, and
+nothing here names an op: each op's Graph method (``g.gemm``, ``g.add``, ...) is its
+``build`` in megak/ops/<op>.py, installed on Graph by the op registry."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dtypes import SUPPORTED as SUPPORTED_DTYPES
 from .dtypes import name_of
 from .errors import GraphError
-
-from .dtypes import SUPPORTED as SUPPORTED_DTYPES
-
-ACTIVATIONS = (None, "relu", "gelu", "silu")
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +55,9 @@ class Graph:
     >>> g = Graph()
     >>> a = g.input("a", (64, 32), "float32"); b = g.input("b", (32, 16), "float32")
     >>> g.output(g.transpose(g.gemm(a, b)), "y")
+
+    ``inputs`` and ``outputs`` map names to tensors; ``ops`` lists the ops in the order they
+    were added (a topological order).
     """
 
     def __init__(self) -> None:
@@ -66,66 +68,20 @@ class Graph:
 
     # -- building ---------------------------------------------------------------------------
     def input(self, name: str, shape, dtype: str = "float32") -> Tensor:
+        """A graph input: ``name`` becomes a keyword of ``run()``; ``shape`` 2-D ``(rows,
+        cols)`` or 1-D ``(n,)`` (a vector, such as a bias, held as one row); ``dtype``
+        "float32" (the default) or "bfloat16"."""
         self._check_name(name, "input")
         shape = _check_shape(shape, f"input {name!r}")
-        dtype = _check_dtype(dtype, f"input {name!r}")
+        dtype = check_dtype(dtype, f"input {name!r}")
         t = self._new_tensor(shape, dtype, None, name)
         self.inputs[name] = t
         return t
 
-    def gemm(self, a: Tensor, b: Tensor, bias: Tensor | None = None,
-             activation: str | None = None, residual: Tensor | None = None,
-             out_dtype: str | None = None) -> Tensor:
-        """``act(a @ b + bias) + residual`` for (M, K) @ (K, N), any positive sizes, in one
-        fused instruction per output tile (fp32 accumulation; bf16 operands on tensor cores).
-
-        bias: (N,) or (1, N); activation: None, "relu", "gelu" (tanh form) or "silu";
-        residual: (M, N); out_dtype: "float32" or "bfloat16" (default: a's dtype).
-        """
-        for t, arg in ((a, "a"), (b, "b")):
-            self._check_operand(t, "gemm", arg)
-            if len(t.shape) != 2:
-                raise GraphError(f"gemm: {arg} must be 2-D, got shape {t.shape}")
-        if a.cols != b.rows:
-            raise GraphError(f"gemm: inner dimensions differ: a is {a.shape}, b is {b.shape} "
-                             f"(need a.shape[1] == b.shape[0])")
-        if a.dtype != b.dtype:
-            raise GraphError(f"gemm: dtypes differ: a is {a.dtype}, b is {b.dtype}")
-        m, n = a.rows, b.cols
-        inputs = [a, b]
-        if bias is not None:
-            self._check_operand(bias, "gemm", "bias")
-            if bias.shape not in ((n,), (1, n)):
-                raise GraphError(f"gemm: bias must have shape ({n},) or (1, {n}), got "
-                                 f"{bias.shape}")
-            inputs.append(bias)
-        if activation not in ACTIVATIONS:
-            raise GraphError(f"gemm: unknown activation {activation!r}; allowed: "
-                             f"{', '.join(repr(x) for x in ACTIVATIONS)}")
-        if residual is not None:
-            self._check_operand(residual, "gemm", "residual")
-            if residual.shape != (m, n):
-                raise GraphError(f"gemm: residual must have shape ({m}, {n}), got "
-                                 f"{residual.shape}")
-            inputs.append(residual)
-        out_dtype = a.dtype if out_dtype is None else _check_dtype(out_dtype, "gemm out_dtype")
-        return self._add_op("gemm", tuple(inputs), (m, n), out_dtype, bias=bias is not None,
-                            activation=activation, residual=residual is not None)
-
-    def transpose(self, x: Tensor) -> Tensor:
-        self._check_operand(x, "transpose", "x")
-        _check_float32_only(x, "transpose")
-        if len(x.shape) != 2:
-            raise GraphError(f"transpose: x must be 2-D, got shape {x.shape}")
-        return self._add_op("transpose", (x,), (x.cols, x.rows), x.dtype)
-
-    def copy(self, x: Tensor) -> Tensor:
-        self._check_operand(x, "copy", "x")
-        _check_float32_only(x, "copy")
-        return self._add_op("copy", (x,), x.shape, x.dtype)
-
     def output(self, x: Tensor, name: str) -> Tensor:
-        self._check_operand(x, "output", "x")
+        """Declare ``x`` an output: ``run()`` returns it under ``name``. Ops no output depends
+        on are not run (``prog.stats["dropped_ops"]`` lists them)."""
+        self.check_operand(x, "output", "x")
         self._check_name(name, "output")
         self.outputs[name] = x
         return x
@@ -136,13 +92,15 @@ class Graph:
         self.tensors.append(t)
         return t
 
-    def _add_op(self, kind: str, inputs: tuple[Tensor, ...], shape, dtype, **attrs) -> Tensor:
+    def append_op(self, kind: str, inputs: tuple[Tensor, ...], shape, dtype, **attrs) -> Tensor:
+        """Append an op (called by the ops' build methods, after their checks)."""
         index = len(self.ops)
         out = self._new_tensor(tuple(int(s) for s in shape), dtype, index)
         self.ops.append(Op(index, kind, inputs, out, attrs))
         return out
 
-    def _check_operand(self, t, op: str, arg: str) -> None:
+    def check_operand(self, t, op: str, arg: str) -> None:
+        """``t`` is a Tensor of this graph (every op's build checks each operand)."""
         if not isinstance(t, Tensor):
             raise GraphError(f"{op}: {arg} must be a megak Tensor of this graph, "
                              f"got {type(t).__name__}")
@@ -162,11 +120,29 @@ class Graph:
             raise GraphError("the graph declares no outputs: call g.output(tensor, name)")
 
 
-def _check_float32_only(x: Tensor, op: str) -> None:
-    # the device's copy and transpose move 4-byte elements; bf16 there is future work
+def check_float32_only(x: Tensor, op: str) -> None:
+    """For ops whose device code moves 4-byte elements only."""
     if x.dtype != "float32":
         raise GraphError(f"{op}: dtype {x.dtype!r} is not supported by {op} yet; allowed: "
-                         f"float32 (bfloat16 tensors feed and leave GEMMs)")
+                         f"float32")
+
+
+def check_2d(x: Tensor, op: str, arg: str) -> None:
+    if len(x.shape) != 2:
+        raise GraphError(f"{op}: {arg} must be 2-D, got shape {x.shape}")
+
+
+def check_row_vector(v: Tensor, n: int, op: str, arg: str) -> None:
+    """``v`` is (n,) or (1, n): one value per column, broadcast over rows."""
+    if v.shape not in ((n,), (1, n)):
+        raise GraphError(f"{op}: {arg} must have shape ({n},) or (1, {n}), got {v.shape}")
+
+
+def check_positive_number(value, op: str, arg: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
+            or value == float("inf"):
+        raise GraphError(f"{op}: {arg} must be a positive finite number, got {value!r}")
+    return float(value)
 
 
 def _check_shape(shape, what: str) -> tuple[int, ...]:
@@ -191,9 +167,12 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _check_dtype(dtype, what: str) -> str:
+def check_dtype(dtype, what: str) -> str:
     name = name_of(dtype)
     if name not in SUPPORTED_DTYPES:
         raise GraphError(f"{what}: dtype {name!r} is not supported; allowed: "
                          f"{', '.join(SUPPORTED_DTYPES)}")
     return name
+
+
+from . import ops as _ops  # noqa: E402,F401  (installs each op's Graph method)

@@ -14,7 +14,9 @@ from . import abi
 
 @dataclass(frozen=True)
 class TensorSlot:
-    """One entry of the tensor table. ``kind``: "input", "intermediate"; outputs name slots."""
+    """One entry of the tensor table. ``kind``: "input", "intermediate", or "unused" (no
+    instruction writes or reads it: its op was dropped or fused away; it gets no memory);
+    outputs name slots."""
     slot: int
     name: str
     rows: int
@@ -45,6 +47,7 @@ class Plan:
     op_flops: list[float] = field(default_factory=list)   # from lowering, for the trace
     op_bytes: list[float] = field(default_factory=list)
     op_dtypes: list[str] = field(default_factory=list)    # the dtype an op computes in
+    dropped_ops: list[str] = field(default_factory=list)  # labels of ops no output needs
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

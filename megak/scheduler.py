@@ -1,6 +1,10 @@
 """From a validated graph to per-SM instruction queues.
 
-1. lower every op into tile instructions (megak/ops/<op>.py);
+0. from graph ops to lowering units: drop the ops no output depends on, fold ops into their
+   producer's epilogue where the op allows it (OpDef.fuse), expand each into its units
+   (OpDef.expand: split-K, bands); refuse a graph whose tensors do not fit the memory or whose
+   instruction count passes MAX_INSTRUCTIONS, before lowering anything;
+1. lower every unit into tile instructions (OpDef.lower, megak/ops/<op>.py);
 2. wire dependencies at tile granularity: an instruction waits only on counters signalled by
    the producer tiles that wrote the region it reads. Counters come at four levels per
    producer op, allocated only where some consumer uses them::
@@ -25,9 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import abi, pages
-from .errors import GraphError
+from .dtypes import ITEMSIZE
+from .errors import GraphError, fmt_bytes
 from .graph import Graph
 from .ops import REGISTRY
+from .ops.base import ExpandContext, Unit
 from .plan import Plan, TensorSlot
 
 LEVELS = ("tile", "row", "col", "op")
@@ -48,11 +54,21 @@ def _bands(edges_: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarr
     return first, last
 
 
-def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> Plan:
+# A compiled program's records live in host and device memory (128 B each): past this many,
+# compile refuses (16M instructions = 2 GiB of records) instead of lowering for minutes.
+MAX_INSTRUCTIONS = 1 << 24
+
+
+def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
+               memory_bytes: int | None = None) -> Plan:
+    """Lower, place and check `graph` for `n_sm` SMs of `n_pages` pages each; refuse it when
+    its tensors need more than `memory_bytes` (default: this host's physical memory)."""
     graph.validate()
     if n_sm < 1:
         raise GraphError(f"n_sm must be >= 1, got {n_sm}")
-    units, hidden = expand(graph, n_sm)
+    units, hidden, dropped = lowering_units(graph, n_sm)
+    check_size(graph, units, hidden, host_memory_bytes() if memory_bytes is None
+               else memory_bytes)
     producer = {u.output.index: u.index for u in units}   # tensor slot -> unit writing it
     lowered = []
     for op in units:
@@ -79,8 +95,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
             tensor[pos] = t.index
         rec["tensor"] = tensor
         rec["flags"] = low.flags
-        if low.opcode == abi.OP_GEMM and op.inputs[1].index not in producer:
-            # B is a graph input (weights): the loader may fetch it before the waits
+        early = REGISTRY[op.kind].early_operand
+        if early is not None and op.inputs[early].index not in producer:
+            # that operand is a graph input (weights): the loader may fetch it before the waits
             rec["flags"] = low.flags | abi.FLAG_B_READY
         row0, rows, col0, cols = low.tile_regions()
         rec["row0"], rec["rows"], rec["col0"], rec["cols"] = row0, rows, col0, cols
@@ -173,8 +190,11 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
     queue_start = np.searchsorted(sm[order], np.arange(n_sm + 1)).astype(np.uint32)
     rank = order  # global (topological) index of each queued instruction
 
+    # a tensor no unit writes (a dropped op's, or one fused away) gets no memory
+    written = {u.output.index for u in units}
     tensors = [TensorSlot(t.index, t.name or f"t{t.index}", t.rows, t.cols, t.dtype,
-                          "input" if t.producer is None else "intermediate")
+                          "input" if t.producer is None
+                          else "intermediate" if t.index in written else "unused")
                for t in list(graph.tensors) + hidden]
     plan = Plan(
         instrs=ins, queue_start=queue_start, tensors=tensors, n_counters=n_counters,
@@ -188,90 +208,94 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES) -> P
         op_flops=[low.flops for low in lowered],
         op_bytes=[low.bytes for low in lowered],
         op_dtypes=[op.inputs[0].dtype for op in units],
+        dropped_ops=dropped,
     )
     check_deadlock_free(plan, rank=rank)
     return plan
 
 
-@dataclass(frozen=True, eq=False)
-class _Hidden:
-    """A tensor the lowering adds (split-K partials): a slot after the graph's tensors."""
-    index: int
-    shape: tuple[int, int]
-    dtype: str
-    producer: int
-    name: str
-
-    @property
-    def rows(self) -> int:
-        return self.shape[0]
-
-    @property
-    def cols(self) -> int:
-        return self.shape[1]
-
-
-@dataclass(frozen=True, eq=False)
-class Unit:
-    """What one lowering produces instructions for: a graph op, or a part of one."""
-    index: int
-    kind: str
-    inputs: tuple
-    output: object
-    attrs: dict
-    label: str
-
-
-MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
-MIN_SPLIT_K = 128        # and at least this much K per partial
-
-
-def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
-    """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
-
-    A GEMM of few output tiles (an MLP at small batch: M = 16 gives N/128 tiles) runs its
-    whole K loop on those few SMs while the rest wait; splitting K over more SMs and summing
-    the partials in a reduce instruction puts every SM to work. Chunks are multiples of 64 so
-    bf16 operands stay 16-B aligned."""
-    tiles = -(-m // REGISTRY["gemm"].TILE_M) * -(-n // REGISTRY["gemm"].TILE_N)
-    if 2 * tiles > n_sm or k < 2 * MIN_SPLIT_K:
-        return 1, k
-    splits = min(n_sm // tiles, k // MIN_SPLIT_K, MAX_SPLITS)
-    if splits < 2:
-        return 1, k
-    chunk = -(-k // splits)
-    chunk = -(-chunk // 64) * 64
-    return -(-k // chunk), chunk
-
-
-def expand(graph: Graph, n_sm: int) -> tuple[list[Unit], list[_Hidden]]:
-    """Graph ops -> lowering units. A bf16 GEMM of few rows becomes column bands over the whole
-    K (ops/gemm.py skinny_cols: the band width depends on n_sm); another GEMM of few output
-    tiles becomes split-K partials + a reduce."""
-    units: list[Unit] = []
-    hidden: list[_Hidden] = []
+def lowering_units(graph: Graph, n_sm: int):
+    """Graph ops -> the units the ops lower, the hidden tensors they add, and the labels of
+    the ops dropped because no output depends on them."""
+    live = _live_ops(graph)
+    dropped = [op.label for op in graph.ops if op.index not in live]
+    readers: dict[int, int] = {}
     for op in graph.ops:
-        if op.kind == "gemm":
-            a, b = op.inputs[:2]
-            band = REGISTRY["gemm"].skinny_cols(a.rows, b.cols, a.dtype, n_sm)
-            if band:
-                units.append(Unit(len(units), "gemm", op.inputs, op.output,
-                                  dict(op.attrs, skinny=band), op.label))
+        if op.index in live:
+            for t in op.inputs:
+                readers[t.index] = readers.get(t.index, 0) + 1
+    outputs = {t.index for t in graph.outputs.values()}
+    units: list[Unit] = []
+    writer: dict[int, int] = {}        # tensor index -> position in units
+    for op in graph.ops:
+        if op.index not in live:
+            continue
+        spec = REGISTRY[op.kind]
+        fused = None
+        for pos, t in enumerate(op.inputs):
+            at = writer.get(t.index)
+            if at is None or readers[t.index] != 1 or t.index in outputs:
                 continue
-            splits, chunk = split_k_factor(a.rows, a.cols, b.cols, n_sm)
-            if splits > 1:
-                part = _Hidden(len(graph.tensors) + len(hidden), (splits * a.rows, b.cols),
-                               "float32", len(units), f"t{op.output.index}_partials")
-                hidden.append(part)
-                units.append(Unit(len(units), "gemm", (a, b), part,
-                                  {"split": splits, "chunk": chunk},
-                                  f"{op.label} split-K partials ({splits} x K {chunk})"))
-                units.append(Unit(len(units), "reduce", (part,) + tuple(op.inputs[2:]),
-                                  op.output, dict(op.attrs, splits=splits, part_rows=a.rows),
-                                  f"{op.label} split-K reduce + epilogue"))
-                continue
-        units.append(Unit(len(units), op.kind, op.inputs, op.output, op.attrs, op.label))
-    return units, hidden
+            fused = spec.fuse(op, units[at], pos)
+            if fused is not None:
+                units[at] = fused
+                del writer[t.index]
+                writer[op.output.index] = at
+                break
+        if fused is None:
+            writer[op.output.index] = len(units)
+            units.append(Unit.of(op))
+    ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors))
+    expanded = [part for u in units for part in REGISTRY[u.kind].expand(u, ctx)]
+    return [u.with_(index=i) for i, u in enumerate(expanded)], ctx.hidden, dropped
+
+
+def _live_ops(graph: Graph) -> set[int]:
+    """Indices of the ops some output depends on."""
+    live: set[int] = set()
+    stack = [t.producer for t in graph.outputs.values() if t.producer is not None]
+    while stack:
+        i = stack.pop()
+        if i in live:
+            continue
+        live.add(i)
+        stack.extend(t.producer for t in graph.ops[i].inputs if t.producer is not None)
+    return live
+
+
+def tensor_bytes(t) -> int:
+    """Bytes of one tensor as megak holds it (rows padded to MK_TENSOR_ALIGN_BYTES)."""
+    row = -(-ITEMSIZE[t.dtype] * t.cols // abi.TENSOR_ALIGN_BYTES) * abi.TENSOR_ALIGN_BYTES
+    return t.rows * row
+
+
+def host_memory_bytes() -> int:
+    """Physical memory of this host (the simulator's tensors live there)."""
+    import os
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def check_size(graph: Graph, units: list[Unit], hidden: list, memory_bytes: int) -> None:
+    """Refuse, before lowering, a graph too big to run: tensors beyond `memory_bytes`, or more
+    than MAX_INSTRUCTIONS instructions. Cheap: sizes and counts, no records."""
+    used = {t.index for u in units for t in u.inputs} | {u.output.index for u in units}
+    need = sum(tensor_bytes(t) for t in list(graph.tensors) + list(hidden) if t.index in used)
+    if need > memory_bytes:
+        biggest = max((t for t in graph.tensors if t.index in used), key=tensor_bytes)
+        raise GraphError(
+            f"the graph's tensors need {fmt_bytes(need)} but {fmt_bytes(memory_bytes)} are "
+            f"available (largest: {biggest!r}, {fmt_bytes(tensor_bytes(biggest))})")
+    total = 0
+    for u in units:
+        total += REGISTRY[u.kind].count(u)
+        if total > MAX_INSTRUCTIONS:
+            raise GraphError(
+                f"the graph lowers to more than {MAX_INSTRUCTIONS:,} instructions (the cap: "
+                f"{MAX_INSTRUCTIONS * abi.INSTR_BYTES / 2**30:.0f} GiB of records); "
+                f"{u.label} alone makes {REGISTRY[u.kind].count(u):,}")
 
 
 def _wait_lists(level, blk, p_cols, rb0, nrb, cb0, ncb):
@@ -443,4 +467,5 @@ def stats(plan: Plan) -> dict:
         "pages_per_sm": int(plan.n_pages),
         "peak_pages_per_sm": peak,
         "n_sm": int(plan.n_sm),
+        "dropped_ops": list(plan.dropped_ops),
     }

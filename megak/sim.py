@@ -125,6 +125,9 @@ class SimExecutor:
                 tensors.append(np.array(inputs[slot.slot], dtype=dtype, copy=True)
                                .reshape(slot.shape))
                 written.append(None)
+            elif slot.kind == "unused":     # nothing reads or writes it: no memory
+                tensors.append(np.empty((0, 0), dtype=dtype))
+                written.append(None)
             else:
                 tensors.append(np.full(slot.shape, np.nan, dtype=dtype))  # poison
                 written.append(np.zeros(slot.shape, dtype=bool))
@@ -390,8 +393,13 @@ class SimExecutor:
                 exc.states[s] = st
             raise
     def _validate(self, s, q, rec, stop) -> None:
+        """The device's mk_validate: opcode, page budget, counters, then the op's operand
+        slots (every position of its mask must name a tensor, used or not: the device
+        prefetches them all) and its record-only limits (OpDef.check_record)."""
         plan = self.plan
-        if int(rec["opcode"]) not in BY_OPCODE and int(rec["opcode"]) != abi.OP_NOP:
+        opcode = int(rec["opcode"])
+        op = BY_OPCODE.get(opcode)
+        if op is None and opcode != abi.OP_NOP:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_OPCODE"], s, q, rec))
         if int(rec["pages"]) > plan.n_pages:
             stop(_Stop(abi.ERRORS["MK_ERR_PAGES"], s, q, rec))
@@ -400,17 +408,10 @@ class SimExecutor:
                       for k in range(min(int(rec["n_waits"]), abi.MAX_WAITS)))
                or any(int(rec["signal_counter"][k]) >= plan.n_counters
                       for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS))))
-        if not bad and int(rec["opcode"]) != abi.OP_NOP:
-            used = [abi.ARG_A, abi.ARG_OUT]
-            if int(rec["opcode"]) in (abi.OP_GEMM, abi.OPCODES["MK_OP_REDUCE"]):
-                # every operand slot is checked, used by the epilogue or not (as the device
-                # does: it prefetches all the op's descriptors)
-                used += [abi.ARG_BIAS, abi.ARG_RESIDUAL]
-                if int(rec["opcode"]) == abi.OP_GEMM:
-                    used.append(abi.ARG_B)
-                act = (int(rec["flags"]) & abi.FLAG_ACT_MASK) >> abi.FLAG_ACT_SHIFT
-                bad = act not in abi.ACTIVATIONS.values() or int(rec["out_row0"]) < 0
-            bad = bad or any(int(rec["tensor"][k]) >= len(plan.tensors) for k in used)
+        if not bad and op is not None:
+            bad = (any(int(rec["tensor"][k]) >= len(plan.tensors)
+                       for k in range(abi.MAX_TENSORS) if op.operand_mask >> k & 1)
+                   or int(rec["pages"]) < op.pages or not op.check_record(rec))
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
 
@@ -438,5 +439,5 @@ class SimExecutor:
             return
         w = written[int(rec["tensor"][abi.ARG_OUT])]
         if w is not None:
-            r0, c0 = int(rec["out_row0"]), int(rec["col0"])
-            w[r0:r0 + int(rec["rows"]), c0:c0 + int(rec["cols"])] = True
+            r0, r1, c0, c1 = BY_OPCODE[int(rec["opcode"])].written(rec)
+            w[r0:r1, c0:c1] = True

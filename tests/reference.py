@@ -1,61 +1,30 @@
-"""float64 references with explicit error bounds for fp32 results.
+"""float64 references with explicit error bounds, from each op's contract.
 
-A fp32 dot product of length K, summed in any order, is within K * u * (|a| . |b|) of the
-exact value (u = 2^-24, the unit roundoff; we allow 2u per step for the rounding of the
-inputs' products). Chained ops add their bounds; transpose and copy are exact. So every test
-states its tolerance as that bound, not as a guessed rtol.
+Every op states its float64 reference and an elementwise bound on |megak's result - exact|
+in its own module (OpDef.reference, megak/ops/<op>.py): a fp32 dot product of length K,
+summed in any order, is within K * u * (|a| . |b|) of the exact value (u = 2^-24); chained
+ops propagate their inputs' bounds; transpose and copy are exact. So every test states its
+tolerance as that bound, not as a guessed rtol.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from megak.dtypes import UNIT_ROUNDOFF, numpy_dtype
-from megak.ops.gemm import activation
-
-U32 = 2.0 ** -24
-# |act'| bounds: how much an error in the activation's input can grow
-LIPSCHITZ = {None: 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1}
+from megak.dtypes import numpy_dtype
+from megak.ops import REGISTRY
 
 
 def evaluate(graph, inputs: dict[str, np.ndarray]):
     """Evaluate `graph` in float64. Returns {tensor index: (value, bound)} where bound is an
-    elementwise upper limit on |fp32 result - value|."""
+    elementwise upper limit on |megak's result - value|."""
     env = {}
     for name, t in graph.inputs.items():
-        env[t.index] = (np.asarray(inputs[name]).astype(np.float64).reshape(t.shape),
-                        np.zeros(t.shape))
+        value = np.asarray(inputs[name]).astype(np.float64).reshape(t.shape)
+        env[t.index] = (value, np.zeros(t.shape))
     for op in graph.ops:
         args = [env[t.index] for t in op.inputs]
-        if op.kind == "gemm":
-            (a, ea), (b, eb) = args[:2]
-            rest = list(args[2:])
-            k = a.shape[1]
-            value = a @ b
-            mag = (np.abs(a) + ea) @ (np.abs(b) + eb)
-            bound = ea @ np.abs(b) + np.abs(a) @ eb + ea @ eb + 2 * k * U32 * mag
-            if op.attrs.get("bias"):
-                bias, eb_ = rest.pop(0)
-                value = value + bias.reshape(1, -1)
-                bound = bound + eb_.reshape(1, -1) + U32 * (np.abs(value) + bound)
-            act = op.attrs.get("activation")
-            if act:
-                # fp32 evaluation of tanh / exp costs a few ulps of the result and input
-                bound = LIPSCHITZ[act] * bound + 8 * U32 * (np.abs(value) + 1.0)
-                value = activation(value, act)
-            if op.attrs.get("residual"):
-                res, er = rest.pop(0)
-                value = value + res
-                bound = bound + er + U32 * (np.abs(value) + bound)
-            # one rounding to the output dtype (fp32 rounding is inside the K bound already)
-            if op.output.dtype != "float32":
-                bound = bound + UNIT_ROUNDOFF[op.output.dtype] * (np.abs(value) + bound)
-        elif op.kind == "transpose":
-            value, bound = args[0][0].T, args[0][1].T
-        elif op.kind == "copy":
-            value, bound = args[0]
-        else:
-            raise NotImplementedError(op.kind)
-        env[op.output.index] = (value, bound)
+        value, bound = REGISTRY[op.kind].reference(op, args)
+        env[op.output.index] = (value.reshape(op.output.shape), bound.reshape(op.output.shape))
     return env
 
 

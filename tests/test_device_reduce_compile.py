@@ -24,7 +24,7 @@ def kernel(tmp_path_factory):
 
 def test_reduce_is_in_the_op_table():
     src = compiler.device_source()
-    assert re.search(r"X\(REDUCE, reduce\)", src)
+    assert re.search(r"X\(REDUCE, reduce, 0\)", src)
     assert "mk_reduce_body" in src
 
 

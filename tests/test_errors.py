@@ -22,8 +22,8 @@ def _states(n_sm, **fields):
 
 def test_loader_waiting_for_its_own_sm_is_not_reported_as_a_counter():
     timeout = abi.ERRORS["MK_ERR_TIMEOUT"]
-    rec = _status(error=timeout, sm=0, queue_index=7, opcode=abi.OP_GEMM, op_index=1)
-    states = _states(2, error=timeout, queue_index=7, opcode=abi.OP_GEMM, op_index=1)
+    rec = _status(error=timeout, sm=0, queue_index=7, opcode=abi.OPCODE_OF["gemm"], op_index=1)
+    states = _states(2, error=timeout, queue_index=7, opcode=abi.OPCODE_OF["gemm"], op_index=1)
     with pytest.raises(MegakernelHang) as info:
         raise_for_status(rec, states, ["input", "gemm #1"], backend="cuda")
     msg = str(info.value)
@@ -33,7 +33,7 @@ def test_loader_waiting_for_its_own_sm_is_not_reported_as_a_counter():
 
 def test_counter_wait_names_the_counter():
     timeout = abi.ERRORS["MK_ERR_TIMEOUT"]
-    rec = _status(error=timeout, sm=1, queue_index=2, opcode=abi.OP_COPY, op_index=0,
+    rec = _status(error=timeout, sm=1, queue_index=2, opcode=abi.OPCODE_OF["copy"], op_index=0,
                   counter=5, expected=3, observed=2)
     with pytest.raises(MegakernelHang, match="waited for counter 5 to reach 3, observed 2"):
         raise_for_status(rec, _states(2), ["copy #0"], backend="cuda")

@@ -34,7 +34,7 @@ def test_planted_missing_signal_is_reported_as_a_hang(rng):
     rec = info.value.record
     assert rec["error"] == abi.ERRORS["MK_ERR_TIMEOUT"]
     assert rec["counter"] == counter and rec["observed"] < rec["expected"]
-    assert rec["opcode"] == abi.OP_COPY and rec["op_index"] == 2
+    assert rec["opcode"] == abi.OPCODE_OF["copy"] and rec["op_index"] == 2
     msg = str(info.value)
     assert "copy #2" in msg and f"counter {counter}" in msg and "SM" in msg
     assert "no instruction signals it (a missing producer)" in msg
@@ -59,7 +59,7 @@ def test_planted_page_leak_is_reported(rng):
 def test_leak_that_starves_a_later_instruction_is_reported_as_a_leak(rng):
     _, prog = two_stage(n_sm=1, n_pages=4)
     ins = prog.plan.instrs
-    i = int(np.nonzero(ins["opcode"] == abi.OP_GEMM)[0][0])   # a later gemm needs all 4
+    i = int(np.nonzero(ins["opcode"] == abi.OPCODE_OF["gemm"])[0][0])   # a later gemm needs all 4
     ins["flags"][i] |= abi.FLAG_DEBUG_LEAK_PAGE
     with pytest.raises(MegakernelError) as info:
         prog.run(**inputs(rng))
@@ -147,7 +147,7 @@ def test_order_is_validated():
 def test_bad_activation_is_a_bad_descriptor(rng):
     _, prog = two_stage()
     ins = prog.plan.instrs
-    i = int(np.nonzero(ins["opcode"] == abi.OP_GEMM)[0][0])
+    i = int(np.nonzero(ins["opcode"] == abi.OPCODE_OF["gemm"])[0][0])
     ins["flags"][i] |= 9 << abi.FLAG_ACT_SHIFT
     with pytest.raises(MegakernelError) as info:
         prog.run(**inputs(rng))

@@ -69,7 +69,7 @@ def check_page_intervals(prog):
 
 def test_page_plan_rules():
     rec = np.zeros(1, dtype=abi.INSTR_DTYPE)[0]
-    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OP_GEMM, 4, 20, 64, 70
+    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OPCODE_OF["gemm"], 4, 20, 64, 70
     plan = pp.page_plan(rec, "bfloat16")
     assert plan.phases == (((0, 1, 2, 3), (1, 2, 3)), ((0,), (0,)))
     assert plan.preload_early == () and plan.preload_late == (0, 1, 2)   # ceil(70/32) = 3
@@ -82,14 +82,14 @@ def test_page_plan_rules():
     assert fp32.preload_early == fp32.preload_late == () and fp32.phases == plan.phases
     rec["rows"] = 128
     assert pp.page_plan(rec, "float32").phases == (((0, 1, 2, 3), ()), ((0, 1, 2, 3), (0, 1, 2, 3)))
-    for op in (abi.OP_NOP, abi.OP_COPY, abi.OP_TRANSPOSE, abi.OPCODES["MK_OP_REDUCE"]):
+    for op in (abi.OP_NOP, abi.OPCODE_OF["copy"], abi.OPCODE_OF["transpose"], abi.OPCODE_OF["reduce"]):
         rec["opcode"] = op
         assert pp.page_plan(rec, "bfloat16") == pp.PagePlan(phases=(((), ()),))
 
 
 def test_skinny_page_plan_follows_the_record_shape():
     rec = np.zeros(1, dtype=abi.INSTR_DTYPE)[0]
-    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OP_GEMM, 4, 16, 8, 1024
+    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OPCODE_OF["gemm"], 4, 16, 8, 1024
     rec["k0"], rec["col0"], rec["flags"] = 0, 40, abi.FLAG_B_READY
     plan = pp.page_plan(rec, "bfloat16")
     # one 1024-row stage of one plane, loaded before the wait; A is never staged
@@ -123,8 +123,8 @@ def test_page_invariants_hold_under_random_interleavings(rng):
                     handed_over += 1
     assert handed_over > 0, "no page was ever handed over before its instruction ended"
     plan = prog.plan
-    assert (plan.instrs["opcode"] == abi.OP_GEMM).sum() > 0
-    short = (plan.instrs["opcode"] == abi.OP_GEMM) & (plan.instrs["rows"] <= 32)
+    assert (plan.instrs["opcode"] == abi.OPCODE_OF["gemm"]).sum() > 0
+    short = (plan.instrs["opcode"] == abi.OPCODE_OF["gemm"]) & (plan.instrs["rows"] <= 32)
     assert short.any(), "the graph must have short GEMM tiles (early release)"
 
 
@@ -152,7 +152,7 @@ def _two_big_gemms(prog, pages):
     plan = prog.plan
     for sm in range(plan.n_sm):
         q = plan.queue(sm)
-        gemms = np.nonzero(q["opcode"] == abi.OP_GEMM)[0]
+        gemms = np.nonzero(q["opcode"] == abi.OPCODE_OF["gemm"])[0]
         pairs = [i for i in gemms if i + 1 in gemms]
         if pairs:
             i = int(pairs[0])
@@ -217,7 +217,7 @@ def test_plan_that_releases_a_page_still_in_use_is_caught(rng, monkeypatch):
 
     def early_page_0(rec, dtype_a="float32"):
         plan = real(rec, dtype_a)
-        if int(rec["opcode"]) != abi.OP_GEMM:
+        if int(rec["opcode"]) != abi.OPCODE_OF["gemm"]:
             return plan
         return pp.PagePlan(phases=(((0, 1, 2, 3), (0,)), ((0, 1), (1, 2, 3))))
     monkeypatch.setattr(pp, "page_plan", early_page_0)
@@ -241,7 +241,7 @@ def test_plan_that_breaks_ownership_is_caught(rng, monkeypatch, phases, what):
     prog = megak.compile(g, backend="sim", n_sm=2)
     real = pp.page_plan
     monkeypatch.setattr(pp, "page_plan", lambda rec, dtype_a="float32": (
-        pp.PagePlan(phases=phases) if int(rec["opcode"]) == abi.OP_GEMM else real(rec, dtype_a)))
+        pp.PagePlan(phases=phases) if int(rec["opcode"]) == abi.OPCODE_OF["gemm"] else real(rec, dtype_a)))
     with pytest.raises(MegakernelError, match=what):
         prog.run(a=rng.standard_normal((64, 48)).astype(np.float32))
 
@@ -275,7 +275,7 @@ def set_b_ready(prog, produced: bool) -> int:
     ins = plan.instrs
     inputs = set(plan.inputs.values())
     n = 0
-    for i in np.nonzero(ins["opcode"] == abi.OP_GEMM)[0]:
+    for i in np.nonzero(ins["opcode"] == abi.OPCODE_OF["gemm"])[0]:
         if (int(ins["tensor"][i, abi.ARG_B]) not in inputs) == produced:
             ins["flags"][i] |= abi.FLAG_B_READY
             n += 1
@@ -345,7 +345,7 @@ def test_missing_signal_is_a_hang_with_both_roles(rng):
     assert rec["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] and rec["observed"] < rec["expected"]
     assert len(info.value.sm_states) == 3
     stuck = [s for s in info.value.sm_states if s["error"] == abi.ERRORS["MK_ERR_TIMEOUT"]]
-    assert stuck and all(s["opcode"] == abi.OP_COPY for s in stuck)
+    assert stuck and all(s["opcode"] == abi.OPCODE_OF["copy"] for s in stuck)
 
 
 def test_bubble_fraction_of_a_known_trace():

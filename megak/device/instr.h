@@ -2,8 +2,10 @@
  * CUDA (NVRTC, megakernel.cu).
  *
  * Rules for this file, so that cffi can read it after abi.py drops every line starting with '#':
- *   - plain C declarations only: typedefs, enums, structs; no expressions but integer literals;
- *   - every constant Python needs lives in an enum (cffi reads enum values without compiling);
+ *   - plain C declarations only: typedefs, enums, structs; enum values are integer literals or
+ *     expressions of earlier enum constants with + - * << | (cffi evaluates those);
+ *   - every constant Python and CUDA share lives in an enum here and nowhere else (cffi reads
+ *     enum values without compiling): tile and stage sizes, preload depths, operand masks;
  *   - fixed-width types come from the typedefs below (NVRTC has no <stdint.h>).
  *
  * Record layout (128 bytes, see MK_INSTR_BYTES):
@@ -13,7 +15,7 @@
  *  16  wait_counter[5]                                 36 wait_target[5]
  *  56  signal_counter[4]                               72 tensor[6] (tensor-table slots)
  *  96  row0 col0 rows cols   (region)                 112 k0 klen (reduction range)
- * 120  out_row0 reserved
+ * 120  out_row0 param (fp32 bits of the op's scalar)
  *
  * Counters are u32 in device memory. A wait (c, t) is satisfied in run `epoch` (0, 1, ...)
  * when counter[c] - (epoch + 1) * t >= 0 (wrap-safe signed difference): every counter receives
@@ -42,22 +44,42 @@ enum mk_limits {
     MK_TENSOR_ALIGN_BYTES = 16 /* rows of megak-owned buffers start 16-B aligned (ld padded) */
 };
 
-/* Tile shapes and page needs of each op: lowering (Python) and device ops read these. */
+/* Tile shapes, stage sizes and page needs of each op: lowering, page plans (Python) and the
+ * device ops read these. */
 enum mk_op_shapes {
     MK_GEMM_TILE_M = 128,
     MK_GEMM_TILE_N = 128,
     MK_GEMM_PAGES = 4,         /* fp32: double-buffered A^T and B k-slices, one page each */
+    MK_GEMM_BK = 32,           /* fp32: k per stage */
     MK_GEMM_BF16_PAGES = 4,    /* bf16 (tensor cores): 4-stage cp.async ring, a 32-deep k slice
                                   of A and B per page; must stay <= MK_GEMM_PAGES */
+    MK_GEMM_BF16_BK = 32,      /* bf16: k per stage (one page) */
+    MK_GEMM_BF16_PRELOAD_STAGES = MK_GEMM_BF16_PAGES - 1,
+                               /* the loader fills at most this many stages: the op must find one
+                                  empty to issue its next load into when it starts */
+    MK_GEMM_STAGE_ROWS = 32,   /* epilogue: staging rows of 128 fp32 per page, so a tile of
+                                  fewer rows keeps fewer pages for its epilogue */
     MK_GEMM_SKINNY_M = 16,     /* bf16 GEMMs of at most this many rows: one instruction per narrow
                                   column band over the whole K (ops/gemm_bf16_skinny.cuh) */
     MK_GEMM_SKINNY_MAX_N = 32, /* widest such band; a bf16 tile of <= SKINNY_M rows and
                                   <= SKINNY_MAX_N columns runs on the skinny path */
+    MK_SKINNY_STAGES = 4,      /* skinny: ring of B stages, one page each */
+    MK_SKINNY_AHEAD = MK_SKINNY_STAGES - 1,   /* stages in flight; the loader preloads <= this */
+    MK_SKINNY_STAGE_K_LOG2 = 10,
+    MK_SKINNY_STAGE_K = 1 << MK_SKINNY_STAGE_K_LOG2,   /* k-rows per stage of an 8-column band
+                                  (one plane); 16 and 32 columns take 2 and 4 planes */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
     MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
-    MK_REDUCE_MAX_COLS = 128   /* one warp row: 32 lanes x 4 columns */
+    MK_REDUCE_MAX_ROWS = 128,
+    MK_REDUCE_MAX_COLS = 128,  /* one warp row: 32 lanes x 4 columns */
+    MK_ADD_PAGES = 0,          /* elementwise, registers only */
+    MK_ROWWISE_PAGES = 0,      /* softmax / layernorm / rmsnorm: a warp per row, the row read
+                                  from global memory once per pass (any width, no pages) */
+    MK_SOFTMAX_PAGES = MK_ROWWISE_PAGES,
+    MK_LAYERNORM_PAGES = MK_ROWWISE_PAGES,
+    MK_RMSNORM_PAGES = MK_ROWWISE_PAGES
 };
 
 enum mk_opcode {
@@ -66,7 +88,11 @@ enum mk_opcode {
     MK_OP_TRANSPOSE = 2,
     MK_OP_GEMM = 3,
     MK_OP_REDUCE = 4,          /* sum of split-K partials + the GEMM epilogue */
-    MK_OP_COUNT = 5
+    MK_OP_ADD = 5,             /* out = A + B, B of A's shape or one row broadcast over rows */
+    MK_OP_SOFTMAX = 6,         /* row-wise softmax of param * A (MK_FLAG_CAUSAL: j > i masked) */
+    MK_OP_LAYERNORM = 7,       /* (A - mean) / sqrt(var + param) * B + BIAS, per row */
+    MK_OP_RMSNORM = 8,         /* A / sqrt(mean(A^2) + param) * B, per row */
+    MK_OP_COUNT = 9
 };
 
 /* Tensor operand positions in mk_instr.tensor[] */
@@ -77,6 +103,21 @@ enum mk_operand {
     MK_ARG_BIAS = 3,     /* GEMM epilogue bias (1 x N), read with MK_FLAG_BIAS */
     MK_ARG_RESIDUAL = 4, /* GEMM epilogue residual (M x N), read with MK_FLAG_RESIDUAL */
     MK_ARG_SPARE = 5
+};
+
+/* Operand positions each opcode reads or writes: the loader prefetches and validates exactly
+ * these descriptors (every one must name a valid tensor slot, used by the record or not). */
+enum mk_op_operands {
+    MK_COPY_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT),
+    MK_TRANSPOSE_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT),
+    MK_GEMM_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_OUT) | (1 << MK_ARG_BIAS) |
+                       (1 << MK_ARG_RESIDUAL),
+    MK_REDUCE_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT) | (1 << MK_ARG_BIAS) |
+                         (1 << MK_ARG_RESIDUAL),
+    MK_ADD_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_OUT),
+    MK_SOFTMAX_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT),
+    MK_LAYERNORM_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_BIAS) | (1 << MK_ARG_OUT),
+    MK_RMSNORM_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_OUT)
 };
 
 enum mk_flags {
@@ -90,15 +131,17 @@ enum mk_flags {
     MK_FLAG_RESIDUAL = 4,
     MK_FLAG_ACT_SHIFT = 4,        /* activation (enum mk_activation) in bits 4..7 */
     MK_FLAG_ACT_MASK = 240,
-    MK_FLAG_B_READY = 256         /* operand B has no producer in this graph: the loader may load it
+    MK_FLAG_B_READY = 256,        /* operand B has no producer in this graph: the loader may load it
                                      before the waits */
+    MK_FLAG_CAUSAL = 512          /* softmax: column j of row i is masked out where j > i */
 };
 
 enum mk_activation {
     MK_ACT_NONE = 0,
     MK_ACT_RELU = 1,
     MK_ACT_GELU = 2,              /* tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-    MK_ACT_SILU = 3               /* x / (1 + exp(-x)) */
+    MK_ACT_SILU = 3,              /* x / (1 + exp(-x)) */
+    MK_ACT_COUNT = 4
 };
 
 enum mk_dtype {
@@ -135,7 +178,7 @@ typedef struct mk_instr {
     mk_i32 klen;
     mk_i32 out_row0;      /* output row of the region's first row (GEMM, REDUCE); = row0
                              except for split-K partials, which land in their split's rows */
-    mk_u32 reserved;
+    mk_u32 param;         /* the op's fp32 scalar as bits: softmax scale, norm epsilon */
 } mk_instr;
 
 /* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements). */

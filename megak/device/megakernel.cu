@@ -27,7 +27,7 @@
  *
  * Errors never trap: the first one wins status->error (atomicCAS), its block fills the status
  * record and raises status->abort; blocks spinning on a counter see the flag and stop. Every
- * block that stops early writes its mk_sm_state and exits. DESIGN.md sections 3-5.
+ * block that stops early writes its mk_sm_state and exits. docs/ARCHITECTURE.md sections 3-5.
  */
 #include "instr.h"
 #include "sync.cuh"
@@ -36,21 +36,31 @@
 #include "ops/transpose.cuh"
 #include "ops/gemm.cuh"
 #include "ops/reduce.cuh"
+#include "ops/add.cuh"
+#include "ops/softmax.cuh"
+#include "ops/layernorm.cuh"
+#include "ops/rmsnorm.cuh"
 
-/* The op table. Adding an op: its header + one line here. X(OPCODE, name) expects
- * mk_<name>_run / _check / _check_operands, MK_<OPCODE>_PAGES (instr.h) and
- * MK_<OPCODE>_OPERANDS (the op's header). */
+/* The op table: the one dispatch list. X(OP, name, PRELOAD) expects mk_<name>_run / _check /
+ * _check_operands (the op's header), MK_<OP>_PAGES and MK_<OP>_OPERANDS (instr.h), and with
+ * PRELOAD = 1 mk_<name>_preload_stages / _preload: the loader fills the op's first pipeline
+ * stages (pages.cuh, mk_preload_parts). tests/test_op_contract.py checks this list against
+ * the Python registry and instr.h. */
 #define MK_FOR_EACH_OP(X)      \
-    X(COPY, copy)              \
-    X(TRANSPOSE, transpose)    \
-    X(GEMM, gemm)              \
-    X(REDUCE, reduce)
+    X(COPY, copy, 0)           \
+    X(TRANSPOSE, transpose, 0) \
+    X(GEMM, gemm, 1)           \
+    X(REDUCE, reduce, 0)       \
+    X(ADD, add, 0)             \
+    X(SOFTMAX, softmax, 0)     \
+    X(LAYERNORM, layernorm, 0) \
+    X(RMSNORM, rmsnorm, 0)
 
 /* Operand positions an opcode reads (their descriptors are prefetched and validated). */
 __device__ __forceinline__ mk_u32 mk_op_operands(mk_u32 opcode)
 {
     switch (opcode) {
-#define X(OP, name) case MK_OP_##OP: return MK_##OP##_OPERANDS;
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_##OP##_OPERANDS;
         MK_FOR_EACH_OP(X)
 #undef X
     default: return 0;
@@ -60,7 +70,7 @@ __device__ __forceinline__ mk_u32 mk_op_operands(mk_u32 opcode)
 __device__ __forceinline__ mk_u32 mk_op_pages(mk_u32 opcode)
 {
     switch (opcode) {
-#define X(OP, name) case MK_OP_##OP: return MK_##OP##_PAGES;
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_##OP##_PAGES;
         MK_FOR_EACH_OP(X)
 #undef X
     default: return 0;
@@ -70,7 +80,7 @@ __device__ __forceinline__ mk_u32 mk_op_pages(mk_u32 opcode)
 __device__ __forceinline__ bool mk_op_check(const mk_instr& in)
 {
     switch (in.opcode) {
-#define X(OP, name) case MK_OP_##OP: return mk_##name##_check(in);
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return mk_##name##_check(in);
         MK_FOR_EACH_OP(X)
 #undef X
     default: return true;   /* NOP */
@@ -80,7 +90,7 @@ __device__ __forceinline__ bool mk_op_check(const mk_instr& in)
 __device__ __forceinline__ bool mk_op_check_operands(const mk_instr& in, const mk_tensor* op)
 {
     switch (in.opcode) {
-#define X(OP, name) case MK_OP_##OP: return mk_##name##_check_operands(in, op);
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return mk_##name##_check_operands(in, op);
         MK_FOR_EACH_OP(X)
 #undef X
     default: return true;
@@ -91,23 +101,24 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
                                           const mk_pages& pages)
 {
     switch (in.opcode) {
-#define X(OP, name) case MK_OP_##OP: mk_##name##_run(in, op, pages); break;
+#define X(OP, name, PRELOAD) case MK_OP_##OP: mk_##name##_run(in, op, pages); break;
         MK_FOR_EACH_OP(X)
 #undef X
     default: break;   /* NOP */
     }
 }
 
-/* Ops whose first pipeline stages the loader warp fills (pages.cuh, mk_preload_parts):
- * X(OP, name) expects mk_<name>_preload_stages and mk_<name>_preload. */
-#define MK_FOR_EACH_PRELOADING_OP(X) \
-    X(GEMM, gemm)
+/* The preloading ops' entries: MK_PRELOAD_<0|1>(name) selects the op's functions or nothing. */
+#define MK_PRELOAD_STAGES_0(name, in, op) 0u
+#define MK_PRELOAD_STAGES_1(name, in, op) mk_##name##_preload_stages(in, op)
+#define MK_PRELOAD_0(name, in, op, pages, lane, parts)
+#define MK_PRELOAD_1(name, in, op, pages, lane, parts) mk_##name##_preload(in, op, pages, lane, parts)
 
 __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
     switch (in.opcode) {
-#define X(OP, name) case MK_OP_##OP: return mk_##name##_preload_stages(in, op);
-        MK_FOR_EACH_PRELOADING_OP(X)
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_PRELOAD_STAGES_##PRELOAD(name, in, op);
+        MK_FOR_EACH_OP(X)
 #undef X
     default: return 0;
     }
@@ -116,9 +127,10 @@ __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const
 __device__ __forceinline__ void mk_op_preload(const mk_instr& in, const mk_tensor* op,
                                               const mk_pages& pages, mk_u32 lane, mk_u32 parts)
 {
+    (void)op; (void)pages; (void)lane; (void)parts;
     switch (in.opcode) {
-#define X(OP, name) case MK_OP_##OP: mk_##name##_preload(in, op, pages, lane, parts); break;
-        MK_FOR_EACH_PRELOADING_OP(X)
+#define X(OP, name, PRELOAD) case MK_OP_##OP: MK_PRELOAD_##PRELOAD(name, in, op, pages, lane, parts); break;
+        MK_FOR_EACH_OP(X)
 #undef X
     default: break;
     }

@@ -1,16 +1,19 @@
-/* megak: memory-ordering and memory-access primitives of the megakernel (DESIGN.md sections 4, 5).
+/* megak: memory-ordering and memory-access primitives of the megakernel (docs/ARCHITECTURE.md sections 3, 5).
  *
  * Everything that touches memory shared between SMs goes through these few functions, so the
  * ordering contract is visible in one place:
  *
- *   producer: all threads' global writes -> __syncthreads() -> one thread: mk_fence_release()
- *             + mk_red_relaxed_add(counter, 1) per counter (fence + strong write = a release
- *             pattern: one MEMBAR, where red.release would repeat it per counter)
- *   consumer: one thread spins on mk_ld_relaxed(counter) until it is reached, then
+ *   producer: the compute warps' global writes -> mk_compute_sync() (bar.sync 1, 256) ->
+ *             thread 0: mk_fence_release() + mk_red_relaxed_add(counter, 1) per counter
+ *             (fence + strong write = a release pattern: one MEMBAR, where red.release would
+ *             repeat it per counter)
+ *   consumer: the loader warp's 32 lanes poll mk_ld_relaxed(counter) until it is reached, then
  *             mk_fence_acquire() (strong read + fence = an acquire pattern; same as a last
- *             ld.acquire) -> __syncthreads() -> everyone reads
+ *             ld.acquire) -> lane 0 arrives on the slot's `full` mbarrier (release, cta) ->
+ *             the compute warps wait on it (acquire, cta) -> they read
  *
- * Tensor data that other SMs write during the kernel is read with mk_ld_f / mk_ld_f4: explicit
+ * Tensor data that other SMs write during the kernel is read with the weak loads of
+ * tensor.cuh (mk_ld_f / mk_ld_f4 / mk_ld4_any): explicit
  * weak `ld.global`, or the equally weak cp.async copies into pages (mk_cp_async_f4 / _f4z / _f).
  * Never `.nc`/__ldg: the read-only path may serve stale lines. Weak loads are
  * safe: the consumer's acquire invalidates the SM's L1 before the barrier that releases
@@ -207,85 +210,6 @@ __device__ __forceinline__ float4 mk_lds_f4(mk_u32 smem)
     asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
                  : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(smem) : "memory");
     return v;
-}
-
-/* ---- tensor data ------------------------------------------------------------------------ */
-
-/* .cg: cached in L2 only. Streaming ops read each byte once, and with 13 pages of shared
- * memory the SM's L1 keeps only ~28 KiB: allocating L1 lines for 64 KiB of loads in flight
- * per SM throttles them (measured on the H200: transpose 2.83 -> 2.93 TB/s). Still a
- * weak load in the memory model, coherent at L2, so data other SMs wrote is read correctly
- * after the acquire. */
-__device__ __forceinline__ float mk_ld_f(const float* p)
-{
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float4 mk_ld_f4(const float* p)
-{
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void mk_st_f(float* p, float v)
-{
-    asm volatile("st.global.f32 [%0], %1;" : : "l"(p), "f"(v) : "memory");
-}
-
-__device__ __forceinline__ void mk_st_f4(float* p, float4 v)
-{
-    asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};"
-                 : : "l"(p), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
-}
-
-/* Up to 4 consecutive floats, zero beyond `n` (n <= 0: all zero). One 16-byte load when the
- * caller says the address is 16-byte aligned and all 4 are in range; scalars at edges. */
-__device__ __forceinline__ float4 mk_ld_f4_edge(const float* p, int n, bool vec)
-{
-    if (vec && n >= 4)
-        return mk_ld_f4(p);
-    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (n > 0) v.x = mk_ld_f(p);
-    if (n > 1) v.y = mk_ld_f(p + 1);
-    if (n > 2) v.z = mk_ld_f(p + 2);
-    if (n > 3) v.w = mk_ld_f(p + 3);
-    return v;
-}
-
-/* Store the first min(n, 4) floats of v. */
-__device__ __forceinline__ void mk_st_f4_edge(float* p, float4 v, int n, bool vec)
-{
-    if (vec && n >= 4) {
-        mk_st_f4(p, v);
-        return;
-    }
-    if (n > 0) mk_st_f(p, v.x);
-    if (n > 1) mk_st_f(p + 1, v.y);
-    if (n > 2) mk_st_f(p + 2, v.z);
-    if (n > 3) mk_st_f(p + 3, v.w);
-}
-
-/* True when 4 floats at p (and at p + k*ld for every row k) are 16-byte aligned. */
-__device__ __forceinline__ bool mk_vec_ok(const float* p, mk_u32 ld)
-{
-    return ((((mk_u64)p) & 15u) == 0) && ((ld & 3u) == 0);
-}
-
-/* Debug-mode descriptor check: `t` is an fp32 view with a sane leading dimension and the
- * region [r0, r0 + nr) x [c0, c0 + nc) lies inside it. 64-bit math: no overflow on bad input. */
-__device__ __forceinline__ bool mk_region_ok(const mk_tensor& t, long long r0, long long nr,
-                                             long long c0, long long nc)
-{
-    if (r0 < 0 || c0 < 0 || nr < 0 || nc < 0)
-        return false;
-    if (nr == 0 || nc == 0)
-        return true;
-    return t.dtype == MK_DTYPE_F32 && t.ptr != 0 && (t.ptr & 3u) == 0 && t.ld >= t.cols &&
-           r0 + nr <= (long long)t.rows && c0 + nc <= (long long)t.cols;
 }
 
 #endif /* MEGAK_SYNC_CUH */

@@ -74,3 +74,30 @@ def cost_ns(flops: np.ndarray | float, nbytes: np.ndarray | float,
     rate = SM_TC_FLOPS_PER_NS if tensor_cores else SM_FLOPS_PER_NS
     return np.maximum(np.asarray(flops, dtype=np.float64) / rate,
                       np.asarray(nbytes, dtype=np.float64) / SM_BYTES_PER_NS) + INSTR_OVERHEAD_NS
+
+
+# Elementwise and row-wise ops: whole rows per instruction, about this many bytes of input
+# each, but spread so that a small tensor still lands on many SMs.
+ROW_CHUNK_BYTES = 256 << 10
+
+
+def rows_per_instruction(rows: int, row_bytes: int, n_sm: int) -> int:
+    """Rows per instruction of a row-band lowering: at most ROW_CHUNK_BYTES of input (at
+    least one row), and no more than needed to give every SM a band."""
+    by_bytes = max(1, ROW_CHUNK_BYTES // max(1, row_bytes))
+    return max(1, min(rows, by_bytes, -(-rows // max(1, n_sm))))
+
+
+def row_bands(rows: int, cols: int, per: int, reads_per_input: list[str]):
+    """Row-band grid of `rows` x `cols` with `per` rows per instruction, and one Region per
+    input: "rows" (the band's own rows, all columns) or "row0" (row 0 only: a broadcast row
+    vector)."""
+    row_edges = edges(rows, per)
+    col_edges = np.array([0, cols], dtype=np.int64)
+    r0, r1 = row_edges[:-1], row_edges[1:]
+    n = len(r0)
+    zeros, full = np.zeros(n, dtype=np.int64), np.full(n, cols, dtype=np.int64)
+    reads = [Region(r0, r1, zeros, full) if how == "rows"
+             else Region(zeros, np.ones(n, dtype=np.int64), zeros, full)
+             for how in reads_per_input]
+    return row_edges, col_edges, reads

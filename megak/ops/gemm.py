@@ -6,36 +6,78 @@ Each tile instruction reads a row band of `a`, a column band of `b` and its own 
 short; the device op bounds-checks. fp32 operands run on the FMA pipes, bf16 operands on
 tensor cores; both accumulate in fp32.
 
-Skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch) get other tiles: the
-scheduler asks `skinny_cols` for a band width, and `lower` makes one instruction per narrow
-column band of all M rows over the whole K, so that a layer is about one instruction per SM
-and every SM streams only its own band of the weights (device/ops/gemm_bf16_skinny.cuh).
-The scheduler never splits them.
+`expand` picks one of three lowerings by shape:
+  * skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch): one instruction per
+    narrow column band of all M rows over the whole K, so that a layer is about one
+    instruction per SM and every SM streams only its band of the weights
+    (device/ops/gemm_bf16_skinny.cuh); never split;
+  * GEMMs of few output tiles: split over K into fp32 partials on many SMs, plus a REDUCE
+    unit (ops/reduce.py) that sums them in a fixed order and applies the epilogue;
+  * the rest: one instruction per 128 x 128 output tile.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import abi
-from ..dtypes import ITEMSIZE
+from ..dtypes import ITEMSIZE, TENSOR_ALIGN_ELEMS
+from ..errors import GraphError
+from ..graph import check_2d, check_dtype, check_row_vector
+from . import _epilogue
 from ._lowering import Lowered, Region, cost_ns, edges, grid
+from .base import OpDef, PagePlan, Unit, region
 
-OPCODE = abi.OP_GEMM
-PAGES = abi.OP_SHAPES["MK_GEMM_PAGES"]
-PAGES_BY_DTYPE = {"float32": PAGES, "bfloat16": abi.OP_SHAPES["MK_GEMM_BF16_PAGES"]}
-TILE_M = abi.OP_SHAPES["MK_GEMM_TILE_M"]
-TILE_N = abi.OP_SHAPES["MK_GEMM_TILE_N"]
-SKINNY_M = abi.OP_SHAPES["MK_GEMM_SKINNY_M"]
-SKINNY_MAX_N = abi.OP_SHAPES["MK_GEMM_SKINNY_MAX_N"]
+SHAPES = abi.OP_SHAPES
+TILE_M = SHAPES["MK_GEMM_TILE_M"]
+TILE_N = SHAPES["MK_GEMM_TILE_N"]
+PAGES_BY_DTYPE = {"float32": SHAPES["MK_GEMM_PAGES"], "bfloat16": SHAPES["MK_GEMM_BF16_PAGES"]}
+SKINNY_M = SHAPES["MK_GEMM_SKINNY_M"]
+SKINNY_MAX_N = SHAPES["MK_GEMM_SKINNY_MAX_N"]
 # band widths, narrowest first: whole n8 MMA tiles up to SKINNY_MAX_N
 SKINNY_WIDTHS = tuple(8 << i for i in range(SKINNY_MAX_N.bit_length()) if 8 << i <= SKINNY_MAX_N)
 
+MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
+MIN_SPLIT_K = 128        # and at least this much K per partial
+
+
+def gemm(self, a, b, bias=None, activation=None, residual=None, out_dtype=None):
+    """``act(a @ b + bias) + residual`` for (M, K) @ (K, N), any positive sizes, in one
+    fused instruction per output tile (fp32 accumulation; bf16 operands on tensor cores).
+
+    bias: (N,) or (1, N); activation: None, "relu", "gelu" (tanh form) or "silu";
+    residual: (M, N); out_dtype: "float32" or "bfloat16" (default: a's dtype, so a bf16
+    GEMM returns bf16). bias and residual may be float32 or bfloat16 whatever a's dtype.
+    """
+    for t, arg in ((a, "a"), (b, "b")):
+        self.check_operand(t, "gemm", arg)
+        check_2d(t, "gemm", arg)
+    if a.cols != b.rows:
+        raise GraphError(f"gemm: inner dimensions differ: a is {a.shape}, b is {b.shape} "
+                         f"(need a.shape[1] == b.shape[0])")
+    if a.dtype != b.dtype:
+        raise GraphError(f"gemm: dtypes differ: a is {a.dtype}, b is {b.dtype}")
+    m, n = a.rows, b.cols
+    inputs = [a, b]
+    if bias is not None:
+        self.check_operand(bias, "gemm", "bias")
+        check_row_vector(bias, n, "gemm", "bias")
+        inputs.append(bias)
+    if activation not in _epilogue.ACTIVATIONS:
+        raise GraphError(f"gemm: unknown activation {activation!r}; allowed: "
+                         f"{', '.join(repr(x) for x in _epilogue.ACTIVATIONS)}")
+    if residual is not None:
+        self.check_operand(residual, "gemm", "residual")
+        if residual.shape != (m, n):
+            raise GraphError(f"gemm: residual must have shape ({m}, {n}), got "
+                             f"{residual.shape}")
+        inputs.append(residual)
+    out_dtype = a.dtype if out_dtype is None else check_dtype(out_dtype, "gemm out_dtype")
+    return self.append_op("gemm", tuple(inputs), (m, n), out_dtype, bias=bias is not None,
+                       activation=activation, residual=residual is not None)
+
 
 def epilogue_flags(op) -> int:
-    act = abi.ACTIVATIONS["MK_ACT_" + (op.attrs.get("activation") or "none").upper()]
-    return ((abi.FLAG_BIAS if op.attrs.get("bias") else 0)
-            | (abi.FLAG_RESIDUAL if op.attrs.get("residual") else 0)
-            | (act << abi.FLAG_ACT_SHIFT))
+    return _epilogue.flags(op.attrs)
 
 
 def skinny_cols(m: int, n: int, dtype: str, n_sm: int) -> int | None:
@@ -52,131 +94,228 @@ def skinny_cols(m: int, n: int, dtype: str, n_sm: int) -> int | None:
     return SKINNY_WIDTHS[-1]
 
 
-def lower(op) -> Lowered:
-    """One instruction per output tile over the whole K: 128 x 128 tiles, or for a skinny
-    bf16 GEMM (op.attrs["skinny"] = band width) one band of all M rows by that many columns
-    (memory-bound: the cost is the band of b plus a, each read once)."""
-    if op.attrs.get("split"):
-        return lower_split(op)
-    a, b = op.inputs[:2]
-    m, k = a.shape
-    n = b.cols
-    band = op.attrs.get("skinny")
-    row_edges = edges(m, m) if band else edges(m, TILE_M)
-    col_edges = edges(n, band if band else TILE_N)
-    r0, tm, c0, tn = grid(row_edges, col_edges)
-    zeros = np.zeros(len(r0), dtype=np.int64)
-    full_k = np.full(len(r0), k, dtype=np.int64)
-    reads = [Region(r0, r0 + tm, zeros, full_k),      # a[m-band, :]
-             Region(zeros, full_k, c0, c0 + tn)]      # b[:, n-band]
-    operands = [abi.ARG_A, abi.ARG_B]
-    ones = np.ones(len(r0), dtype=np.int64)
-    if op.attrs.get("bias"):
-        reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, n-band]
-        operands.append(abi.ARG_BIAS)
-    if op.attrs.get("residual"):
-        reads.append(Region(r0, r0 + tm, c0, c0 + tn))             # residual tile
-        operands.append(abi.ARG_RESIDUAL)
-    size = ITEMSIZE[a.dtype]
-    flops = 2.0 * tm * tn * k
-    nbytes = size * (tm * k + k * tn) + ITEMSIZE[op.output.dtype] * tm * tn
-    total_bytes = (size * (m * k + k * n) + ITEMSIZE[op.output.dtype] * m * n
-                   + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in op.inputs[2:]))
-    return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
-                   cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
-                   flops=float(flops.sum()), bytes=float(total_bytes),
-                   extra={"k0": zeros, "klen": full_k}, operands=operands,
-                   flags=epilogue_flags(op))
+def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
+    """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
+
+    A GEMM of few output tiles (an MLP at small batch: M = 16 gives N/128 tiles) runs its
+    whole K loop on those few SMs while the rest wait; splitting K over more SMs and summing
+    the partials in a reduce instruction puts every SM to work. Chunks are multiples of 64 so
+    bf16 operands stay 16-B aligned."""
+    tiles = -(-m // TILE_M) * -(-n // TILE_N)
+    if 2 * tiles > n_sm or k < 2 * MIN_SPLIT_K:
+        return 1, k
+    splits = min(n_sm // tiles, k // MIN_SPLIT_K, MAX_SPLITS)
+    if splits < 2:
+        return 1, k
+    chunk = -(-k // splits)
+    chunk = -(-chunk // 64) * 64
+    return -(-k // chunk), chunk
 
 
-def lower_split(op) -> Lowered:
-    """Split-K partials: split s multiplies a[:, s*chunk:(s+1)*chunk] by the same rows of b
-    into rows [s*M, (s+1)*M) of the fp32 partials tensor (op.output, S*M x N), no epilogue;
-    a reduce instruction sums them (megak/ops/reduce.py). The grid is over the partials."""
-    a, b = op.inputs
-    m, k = a.shape
-    n = b.cols
-    splits, chunk = op.attrs["split"], op.attrs["chunk"]
-    m_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
-    # the partials' row grid: each split's M rows tiled like the output's
-    row_edges = np.append((np.arange(splits)[:, None] * m + m_edges[None, :-1]).ravel(),
-                          splits * m)
-    p0, tm, c0, tn = grid(row_edges, col_edges)
-    split = p0 // m                     # every tile lies inside one split's rows
-    m0 = p0 - split * m
-    k0 = split * chunk
-    kl = np.minimum(chunk, k - k0)
-    reads = [Region(m0, m0 + tm, k0, k0 + kl), Region(k0, k0 + kl, c0, c0 + tn)]
-    size = ITEMSIZE[a.dtype]
-    flops = 2.0 * tm * tn * kl
-    nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
-    return Lowered(OPCODE, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
-                   cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
-                   flops=float(flops.sum()),
-                   bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
-                   extra={"row0": m0, "out_row0": p0, "k0": k0, "klen": kl},
-                   operands=[abi.ARG_A, abi.ARG_B], flags=0)
+class Gemm(OpDef):
+    name = "gemm"
+    # a, b, then bias and residual as present (lower() maps them by the attrs)
+    operands = (abi.ARG_A, abi.ARG_B)
+    early_operand = 1            # b: weights with no producer stream before the waits
+    build = staticmethod(gemm)
+
+    def expand(self, unit: Unit, ctx) -> list[Unit]:
+        if unit.attrs.get("split") or unit.attrs.get("skinny"):
+            return [unit]
+        a, b = unit.inputs[:2]
+        band = skinny_cols(a.rows, b.cols, a.dtype, ctx.n_sm)
+        if band:
+            return [unit.with_(attrs=dict(unit.attrs, skinny=band))]
+        splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm)
+        if splits == 1:
+            return [unit]
+        part = ctx.new_tensor((splits * a.rows, b.cols), "float32",
+                              f"t{unit.output.index}_partials")
+        return [Unit("gemm", (a, b), part, {"split": splits, "chunk": chunk},
+                     f"{unit.label} split-K partials ({splits} x K {chunk})"),
+                Unit("reduce", (part,) + tuple(unit.inputs[2:]), unit.output,
+                     dict(unit.attrs, splits=splits, part_rows=a.rows),
+                     f"{unit.label} split-K reduce + epilogue")]
+
+    def count(self, unit: Unit) -> int:
+        a, b = unit.inputs[:2]
+        m, n = a.rows, b.cols
+        band = unit.attrs.get("skinny")
+        if band:
+            return -(-n // band)
+        return unit.attrs.get("split", 1) * -(-m // TILE_M) * -(-n // TILE_N)
+
+    def lower(self, unit) -> Lowered:
+        """One instruction per output tile over the whole K: 128 x 128 tiles, or for a skinny
+        bf16 GEMM (attrs["skinny"] = band width) one band of all M rows by that many columns
+        (memory-bound: the cost is the band of b plus a, each read once)."""
+        if unit.attrs.get("split"):
+            return self._lower_split(unit)
+        a, b = unit.inputs[:2]
+        m, k = a.shape
+        n = b.cols
+        band = unit.attrs.get("skinny")
+        row_edges = edges(m, m) if band else edges(m, TILE_M)
+        col_edges = edges(n, band if band else TILE_N)
+        r0, tm, c0, tn = grid(row_edges, col_edges)
+        zeros = np.zeros(len(r0), dtype=np.int64)
+        full_k = np.full(len(r0), k, dtype=np.int64)
+        reads = [Region(r0, r0 + tm, zeros, full_k),      # a[m-band, :]
+                 Region(zeros, full_k, c0, c0 + tn)]      # b[:, n-band]
+        operands = [abi.ARG_A, abi.ARG_B]
+        ones = np.ones(len(r0), dtype=np.int64)
+        if unit.attrs.get("bias"):
+            reads.append(Region(zeros, ones, c0, c0 + tn))             # bias[0, n-band]
+            operands.append(abi.ARG_BIAS)
+        if unit.attrs.get("residual"):
+            reads.append(Region(r0, r0 + tm, c0, c0 + tn))             # residual tile
+            operands.append(abi.ARG_RESIDUAL)
+        size = ITEMSIZE[a.dtype]
+        out_size = ITEMSIZE[unit.output.dtype]
+        flops = 2.0 * tm * tn * k
+        nbytes = size * (tm * k + k * tn) + out_size * tm * tn
+        total_bytes = (size * (m * k + k * n) + out_size * m * n
+                       + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
+        return Lowered(self.opcode, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+                       cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
+                       flops=float(flops.sum()), bytes=float(total_bytes),
+                       extra={"k0": zeros, "klen": full_k}, operands=operands,
+                       flags=_epilogue.flags(unit.attrs))
+
+    def _lower_split(self, unit) -> Lowered:
+        """Split-K partials: split s multiplies a[:, s*chunk:(s+1)*chunk] by the same rows of
+        b into rows [s*M, (s+1)*M) of the fp32 partials tensor (unit.output, S*M x N), no
+        epilogue; a reduce instruction sums them. The grid is over the partials."""
+        a, b = unit.inputs
+        m, k = a.shape
+        n = b.cols
+        splits, chunk = unit.attrs["split"], unit.attrs["chunk"]
+        m_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
+        # the partials' row grid: each split's M rows tiled like the output's
+        row_edges = np.append((np.arange(splits)[:, None] * m + m_edges[None, :-1]).ravel(),
+                              splits * m)
+        p0, tm, c0, tn = grid(row_edges, col_edges)
+        split = p0 // m                     # every tile lies inside one split's rows
+        m0 = p0 - split * m
+        k0 = split * chunk
+        kl = np.minimum(chunk, k - k0)
+        reads = [Region(m0, m0 + tm, k0, k0 + kl), Region(k0, k0 + kl, c0, c0 + tn)]
+        size = ITEMSIZE[a.dtype]
+        flops = 2.0 * tm * tn * kl
+        nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
+        return Lowered(self.opcode, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+                       cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
+                       flops=float(flops.sum()),
+                       bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
+                       extra={"row0": m0, "out_row0": p0, "k0": k0, "klen": kl},
+                       operands=[abi.ARG_A, abi.ARG_B], flags=0)
+
+    # -- pages ------------------------------------------------------------------------------
+    def page_plan(self, rec, dtype_a: str) -> PagePlan:
+        if (dtype_a == "bfloat16" and 1 <= int(rec["rows"]) <= SKINNY_M
+                and 1 <= int(rec["cols"]) <= SKINNY_MAX_N):
+            return _skinny_plan(rec)
+        return _tile_plan(rec, dtype_a)
+
+    # -- simulator --------------------------------------------------------------------------
+    def check_record(self, rec) -> bool:
+        r0, c0, rn, cn = region(rec)
+        return (min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]), int(rec["klen"])) >= 0
+                and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))
+
+    def simulate(self, rec, tensors):
+        """Run one GEMM tile as the device does: fp32 accumulation of the (exact) fp32 or
+        bf16 operand values, the epilogue in fp32, one rounding to the output's dtype."""
+        t = rec["tensor"]
+        a, b = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]]
+        r0, c0, rn, cn = region(rec)
+        k0, kl = int(rec["k0"]), int(rec["klen"])
+        f32 = np.float32
+        v = a[r0:r0 + rn, k0:k0 + kl].astype(f32) @ b[k0:k0 + kl, c0:c0 + cn].astype(f32)
+        reads = [(abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn)]
+        return tuple(reads) + _epilogue.simulate(v, rec, tensors)
+
+    # -- reference --------------------------------------------------------------------------
+    def reference(self, op, args):
+        """A fp32 dot product of length K, summed in any order, is within
+        K u (|a| . |b|) of the exact value (u = 2^-24; 2u per step also covers the rounding
+        of the products); errors already in a and b propagate through the product."""
+        (a, ea), (b, eb) = args[:2]
+        k = a.shape[1]
+        value = a @ b
+        mag = (np.abs(a) + ea) @ (np.abs(b) + eb)
+        bound = ea @ np.abs(b) + np.abs(a) @ eb + ea @ eb + 2 * k * _epilogue.U32 * mag
+        return _epilogue.reference(value, bound, op.attrs, args[2:], op.output.dtype)
 
 
-def activation(v: np.ndarray, name: str | None) -> np.ndarray:
-    """The epilogue activations, in the input's precision (float32 in the simulator)."""
-    if name is None or name == "none":
-        return v
-    if name == "relu":
-        return np.maximum(v, v.dtype.type(0))
-    if name == "gelu":   # tanh form, as the device computes it
-        c = v.dtype.type(0.7978845608028654)
-        return v.dtype.type(0.5) * v * (v.dtype.type(1) + np.tanh(c * (v + v.dtype.type(0.044715) * v * v * v)))
-    if name == "silu":
-        return v / (v.dtype.type(1) + np.exp(-v))
-    raise ValueError(f"unknown activation {name!r}")
+OP = Gemm()
 
 
 def reference(a: np.ndarray, b: np.ndarray, bias=None, act=None, residual=None) -> np.ndarray:
-    """float64 reference of act(a @ b + bias) + residual."""
+    """float64 act(a @ b + bias) + residual (the value only; OP.reference adds the bound)."""
     v = a.astype(np.float64) @ b.astype(np.float64)
     if bias is not None:
         v = v + np.asarray(bias, dtype=np.float64).reshape(1, -1)
-    v = activation(v, act)
+    v = _epilogue.activation(v, act)
     if residual is not None:
         v = v + residual.astype(np.float64)
     return v
 
 
-def simulate(instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
-    """Run one GEMM tile as the device does: fp32 accumulation of the (exact) fp32 or bf16
-    operand values, the epilogue in fp32, one rounding to the output's dtype. Returns the
-    regions it read."""
-    t = instr["tensor"]
-    a, b = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]]
-    r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
-    k0, kl = int(instr["k0"]), int(instr["klen"])
-    f32 = np.float32
-    v = a[r0:r0 + rn, k0:k0 + kl].astype(f32) @ b[k0:k0 + kl, c0:c0 + cn].astype(f32)
-    reads = [(abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn)]
-    return tuple(reads) + epilogue(v, instr, tensors)
+# -- page plans (device: gemm.cuh, gemm_bf16.cuh, gemm_bf16_skinny.cuh) ----------------------
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
-def epilogue(v: np.ndarray, instr, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
-    """act(v + bias) + residual in fp32, in the device's order, rounded once into the output
-    at rows out_row0.. (shared by GEMM and REDUCE). Returns the regions it read."""
-    t = instr["tensor"]
-    r0, c0, rn, cn = int(instr["row0"]), int(instr["col0"]), int(instr["rows"]), int(instr["cols"])
-    flags = int(instr["flags"])
-    f32 = np.float32
-    reads = []
-    if flags & abi.FLAG_BIAS:
-        v = v + tensors[t[abi.ARG_BIAS]][0:1, c0:c0 + cn].astype(f32)
-        reads.append((abi.ARG_BIAS, 0, 1, c0, c0 + cn))
-    act = (flags & abi.FLAG_ACT_MASK) >> abi.FLAG_ACT_SHIFT
-    v = activation(v, _ACT_NAMES[act])
-    if flags & abi.FLAG_RESIDUAL:
-        v = v + tensors[t[abi.ARG_RESIDUAL]][r0:r0 + rn, c0:c0 + cn].astype(f32)
-        reads.append((abi.ARG_RESIDUAL, r0, r0 + rn, c0, c0 + cn))
-    out = tensors[t[abi.ARG_OUT]]
-    orow = int(instr["out_row0"])
-    out[orow:orow + rn, c0:c0 + cn] = v.astype(out.dtype)
-    return tuple(reads)
+def _bf16_vec(*offsets: int) -> bool:
+    """The device's test for the 16-B cp.async path, on the simulator's tensors: megak-owned
+    rows start 16-B aligned (MK_TENSOR_ALIGN_BYTES), so an element offset inside a row is
+    16-B aligned when it is a multiple of 8 bf16. The device tests the real pointers."""
+    return all(o % TENSOR_ALIGN_ELEMS["bfloat16"] == 0 for o in offsets)
 
 
-_ACT_NAMES = {v: k[len("MK_ACT_"):].lower() for k, v in abi.ACTIVATIONS.items()}
+def _skinny_plan(rec) -> PagePlan:
+    cols, klen = int(rec["cols"]), int(rec["klen"])
+    planes = 1 if cols <= 8 else (2 if cols <= 16 else 4)
+    n = 0
+    if _bf16_vec(int(rec["col0"])):
+        n = min(SHAPES["MK_SKINNY_AHEAD"],
+                _ceil_div(max(klen, 0), SHAPES["MK_SKINNY_STAGE_K"] // planes))
+    stages = tuple(range(n))
+    # k loop on the 4-page ring, then pages 2 and 3 go; the 8 warps' partials are summed from
+    # page 1 into the staging rows in page 0, then page 1 goes; the epilogue reads page 0
+    phases = (((0, 1, 2, 3), (2, 3)), ((0, 1), (1,)), ((0,), (0,)))
+    # only B is staged (A goes from global memory to registers): with B a graph input the
+    # loader fills its stages before the wait, and has nothing to do after it
+    if not int(rec["flags"]) & abi.FLAG_B_READY:
+        return PagePlan(preload_late=stages, phases=phases)
+    k0, c0 = int(rec["k0"]), int(rec["col0"])
+    b_band = ((abi.ARG_B, k0, k0 + klen, c0, c0 + cols),)
+    return PagePlan(preload_early=stages, phases=phases, early_reads=b_band if stages else ())
+
+
+def _tile_plan(rec, dtype_a: str) -> PagePlan:
+    rows, klen = int(rec["rows"]), int(rec["klen"])
+    n_pages = PAGES_BY_DTYPE[dtype_a]
+    ring = tuple(range(n_pages))
+    kept = min(n_pages, _ceil_div(max(rows, 0), SHAPES["MK_GEMM_STAGE_ROWS"]))
+    phases = ((ring, ring[kept:]),          # the k loop, then the stages the epilogue skips
+              (ring[:kept], ring[:kept]))   # the epilogue
+    if dtype_a != "bfloat16":
+        # the fp32 path double-buffers inside the op: nothing for the loader to fill
+        return PagePlan(phases=phases)
+    n = 0
+    if _bf16_vec(int(rec["k0"]), int(rec["col0"])):
+        n = min(SHAPES["MK_GEMM_BF16_PRELOAD_STAGES"],
+                _ceil_div(max(klen, 0), SHAPES["MK_GEMM_BF16_BK"]))
+    stages = tuple(range(n))
+    # each stage page holds a slice of B and a slice of A: with B a graph input its half is
+    # written before the wait and A's after, so the same pages appear in both lists
+    if not int(rec["flags"]) & abi.FLAG_B_READY:
+        return PagePlan(preload_late=stages, phases=phases)
+    k0, c0, cols = int(rec["k0"]), int(rec["col0"]), int(rec["cols"])
+    # the flag promises all of B's band is final, not only the preloaded stages
+    b_band = ((abi.ARG_B, k0, k0 + klen, c0, c0 + cols),)
+    return PagePlan(preload_early=stages, preload_late=stages, phases=phases,
+                    early_reads=b_band if stages else ())

@@ -343,6 +343,8 @@ class CudaExecutor:
         m = self._memory
         layout = []
         for t in plan.tensors:
+            if t.kind == "unused":   # no instruction touches it: its table entry stays zero
+                continue
             itemsize = dtypes.ITEMSIZE[t.dtype]
             ld = round_up(max(t.cols, 1), abi.TENSOR_ALIGN_BYTES // itemsize)
             layout.append((t, ld, round_up(t.rows * ld * itemsize, mem.DEVICE_ALIGN)))

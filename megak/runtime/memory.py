@@ -23,19 +23,12 @@ import weakref
 
 import numpy as np
 
-from ..errors import MegakernelError
+from ..errors import MegakernelError, fmt_bytes
 from .driver import CudaError, _bindings, check, mem_info, require_gpu, result_ok
 
 DEVICE_ALIGN = 256                 # cuMemAlloc's base alignment; tensor bases rely on it
 MANAGED_MARGIN_MIN = 256 << 20     # never hand the last 256 MiB (or 2 %) to managed memory
 MANAGED_MARGIN_FRACTION = 0.02
-
-
-def fmt_bytes(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit} ({n:,} B)"
-    return f"{n:,} B"
 
 
 def managed_margin(total_bytes: int) -> int:

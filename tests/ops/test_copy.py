@@ -21,8 +21,8 @@ def test_copy_chunks_are_large_and_cover_rows_once():
     g = megak.Graph()
     x = g.input("x", (5000, 1000), "float32")
     y = g.copy(x)
-    low = copy.lower(g.ops[y.producer])
-    assert low.pages == copy.PAGES == abi.OP_SHAPES["MK_COPY_PAGES"]
+    low = copy.OP.lower(g.ops[y.producer])
+    assert low.pages == copy.OP.pages == abi.OP_SHAPES["MK_COPY_PAGES"]
     r0, rn, c0, cn = low.tile_regions()
     assert (cn == 1000).all() and rn.sum() == 5000
     assert (rn[:-1] * 1000 * 4 >= copy.COPY_CHUNK_BYTES * 0.9).all()

@@ -26,13 +26,13 @@ def test_gemm_lowering_tiles_cover_output_once():
     a = g.input("a", (300, 50), "float32")
     b = g.input("b", (50, 129), "float32")
     c = g.gemm(a, b)
-    low = gemm.lower(g.ops[c.producer])
+    low = gemm.OP.lower(g.ops[c.producer])
     cover = np.zeros((300, 129), dtype=int)
     for r0, rn, c0, cn in zip(*low.tile_regions()):
         assert rn <= gemm.TILE_M and cn <= gemm.TILE_N
         cover[r0:r0 + rn, c0:c0 + cn] += 1
     assert (cover == 1).all()
-    assert low.n == 3 * 2 and low.pages == gemm.PAGES
+    assert low.n == 3 * 2 and low.pages == gemm.OP.pages
     assert (low.cost_ns > 0).all()
 
 
@@ -69,13 +69,13 @@ def test_fused_epilogue_fp32(backend, rng, m, k, n, epi):
     ins = prog.plan.instrs
     want = gemm.epilogue_flags(g.ops[0])
     by_op = prog.stats["instructions_per_opcode"]
-    is_gemm = ins["opcode"] == abi.OP_GEMM
+    is_gemm = ins["opcode"] == abi.OPCODE_OF["gemm"]
     # b is a graph input: every GEMM instruction may have it loaded before its waits
     assert (ins["flags"][is_gemm] & abi.FLAG_B_READY).all()
     flags = ins["flags"].astype(np.int64) & ~abi.FLAG_B_READY
     if "reduce" in by_op:   # split-K: plain partials, the epilogue fused into the reduce
         assert (flags[is_gemm] == 0).all()
-        assert (flags[ins["opcode"] == reduce.OPCODE] == want).all()
+        assert (flags[ins["opcode"] == reduce.OP.opcode] == want).all()
     else:                   # one fused instruction per tile
         assert (flags == want).all() and by_op == {"gemm": len(ins)}
 
@@ -89,7 +89,7 @@ def test_bf16_gemm(backend, rng, m, k, n, out_dtype):
     _, out = check_graph(prog, g, rng, f"bf16 gemm {m}x{k}x{n} -> {out_dtype}")
     assert out["c"].dtype == megak.dtypes.numpy_dtype(out_dtype)
     ins = prog.plan.instrs
-    assert (ins["pages"][ins["opcode"] == abi.OP_GEMM] == gemm.PAGES_BY_DTYPE["bfloat16"]).all()
+    assert (ins["pages"][ins["opcode"] == abi.OPCODE_OF["gemm"]] == gemm.PAGES_BY_DTYPE["bfloat16"]).all()
 
 
 @pytest.mark.parametrize("epi", EPILOGUES[1:], ids=lambda e: "+".join(e))

@@ -8,6 +8,7 @@ import megak
 from megak import abi, scheduler
 from megak.dtypes import numpy_dtype
 from megak.ops import gemm, reduce
+from megak.ops._lowering import cost_ns
 from tests import sass
 from tests.reference import assert_close, evaluate, nan_outside_tile, random_inputs
 
@@ -45,7 +46,7 @@ def compile_for(g, backend, n_sm=N_SM):
 
 
 def gemm_instrs(plan):
-    return plan.instrs[plan.instrs["opcode"] == abi.OP_GEMM]
+    return plan.instrs[plan.instrs["opcode"] == abi.OPCODE_OF["gemm"]]
 
 
 def assert_skinny(plan, m, k, n, width):
@@ -127,7 +128,7 @@ def test_bf16_few_rows_lower_to_skinny_bands(m, k, n):
 @pytest.mark.parametrize("m,dtype", [(16, "float32"), (17, "bfloat16"), (64, "bfloat16")])
 def test_fp32_or_more_rows_keep_tiles(m, dtype):
     g = skinny_graph(m, 1024, 1024, dtype=dtype)
-    units, _ = scheduler.expand(g, N_SM)
+    units, _, _ = scheduler.lowering_units(g, N_SM)
     assert not any(u.attrs.get("skinny") for u in units)
     plan = scheduler.build_plan(g, n_sm=N_SM)
     ins = gemm_instrs(plan)
@@ -138,21 +139,21 @@ def test_fp32_or_more_rows_keep_tiles(m, dtype):
 
 def test_skinny_is_never_split():
     # this shape would be split 8 ways as fp32 (tests/ops/test_reduce.py)
-    assert scheduler.split_k_factor(16, 1024, 1024, N_SM)[0] > 1
+    assert gemm.split_k_factor(16, 1024, 1024, N_SM)[0] > 1
     plan = scheduler.build_plan(skinny_graph(16, 1024, 1024), n_sm=N_SM)
     assert not any("split-K" in label for label in plan.op_labels)
     assert not any(t.name.endswith("_partials") for t in plan.tensors)
-    assert (plan.instrs["opcode"] != reduce.OPCODE).all()
+    assert (plan.instrs["opcode"] != reduce.OP.opcode).all()
 
 
 def test_skinny_cost_model():
     g = skinny_graph(16, 4096, 4096, out_dtype="float32")
-    units, _ = scheduler.expand(g, N_SM)
-    low = gemm.lower(units[0])
+    units, _, _ = scheduler.lowering_units(g, N_SM)
+    low = gemm.OP.lower(units[0])
     cols = 32
     nbytes = 4096 * cols * 2 + 16 * 4096 * 2 + 16 * cols * 4
     flops = 2 * 16 * cols * 4096
-    want = gemm.cost_ns(flops, nbytes, tensor_cores=True)
+    want = cost_ns(flops, nbytes, tensor_cores=True)
     assert np.allclose(low.cost_ns, want)
     assert low.flops == 2.0 * 16 * 4096 * 4096
 
@@ -221,7 +222,7 @@ def _flags_by_graph_op(plan, g):
             continue
         units = [u for u, label in enumerate(plan.op_labels)
                  if label.startswith(f"gemm #{op.index} (")]
-        mine = np.isin(ins["op_index"], units) & (ins["opcode"] == abi.OP_GEMM)
+        mine = np.isin(ins["op_index"], units) & (ins["opcode"] == abi.OPCODE_OF["gemm"])
         assert mine.any()
         out[op.index] = (ins["flags"][mine] & abi.FLAG_B_READY) != 0
     return out
@@ -247,7 +248,7 @@ def test_b_ready_exactly_when_b_is_a_graph_input(dtype, m, n_sm, split):
     assert flags[y1.producer].all()
     assert not flags[y2.producer].any()
     # only GEMM records carry it
-    assert not (plan.instrs["flags"][plan.instrs["opcode"] != abi.OP_GEMM]
+    assert not (plan.instrs["flags"][plan.instrs["opcode"] != abi.OPCODE_OF["gemm"]]
                 & abi.FLAG_B_READY).any()
     assert ("reduce" in scheduler.stats(plan)["instructions_per_opcode"]) == split
 

@@ -5,7 +5,7 @@ import pytest
 
 import megak
 from megak import abi, scheduler
-from megak.ops import reduce
+from megak.ops import gemm, reduce
 from tests.reference import check_graph
 
 
@@ -24,11 +24,11 @@ def skinny(m=16, k=1024, n=300, dtype="float32", **epi):
 
 
 def test_split_decision():
-    assert scheduler.split_k_factor(16, 1024, 1024, 132) == (8, 128)    # 8 tiles, 132 SMs
-    assert scheduler.split_k_factor(16, 4096, 1024, 132) == (16, 256)
-    assert scheduler.split_k_factor(4096, 4096, 4096, 132) == (1, 4096)  # enough tiles
-    assert scheduler.split_k_factor(16, 200, 1024, 132) == (1, 200)      # too little K
-    splits, chunk = scheduler.split_k_factor(16, 1000, 128, 132)
+    assert gemm.split_k_factor(16, 1024, 1024, 132) == (8, 128)    # 8 tiles, 132 SMs
+    assert gemm.split_k_factor(16, 4096, 1024, 132) == (16, 256)
+    assert gemm.split_k_factor(4096, 4096, 4096, 132) == (1, 4096)  # enough tiles
+    assert gemm.split_k_factor(16, 200, 1024, 132) == (1, 200)      # too little K
+    splits, chunk = gemm.split_k_factor(16, 1000, 128, 132)
     assert chunk % 64 == 0 and (splits - 1) * chunk < 1000 <= splits * chunk
 
 
@@ -36,8 +36,8 @@ def test_split_plan_structure():
     g = skinny(m=16, k=1024, n=256)
     plan = scheduler.build_plan(g, n_sm=132)
     ins = plan.instrs
-    part = ins[ins["opcode"] == abi.OP_GEMM]
-    red = ins[ins["opcode"] == reduce.OPCODE]
+    part = ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
+    red = ins[ins["opcode"] == reduce.OP.opcode]
     splits = len(part) // 2                       # 2 column tiles
     assert splits > 1 and len(red) == 2
     # partials: A rows as the GEMM's, output rows in their split's block, K chunks tile K
@@ -79,9 +79,9 @@ def test_reduce_sums_in_split_order():
     # fp32 addition is not associative: the simulator must add s = 0, 1, 2, ... as the device
     parts = np.array([[1e8], [1.0], [-1e8], [1.0]], dtype=np.float32)   # 4 splits of M = 1
     rec = abi.empty_instrs(1)[0]
-    rec["opcode"], rec["rows"], rec["cols"], rec["k0"], rec["klen"] = reduce.OPCODE, 1, 1, 1, 4
+    rec["opcode"], rec["rows"], rec["cols"], rec["k0"], rec["klen"] = reduce.OP.opcode, 1, 1, 1, 4
     rec["tensor"][abi.ARG_A], rec["tensor"][abi.ARG_OUT] = 0, 1
     out = np.full((1, 1), np.nan, np.float32)
-    reduce.simulate(rec, [parts, out])
+    reduce.OP.simulate(rec, [parts, out])
     expected = np.float32(np.float32(np.float32(1e8) + np.float32(1.0)) - np.float32(1e8))
     assert out[0, 0] == np.float32(expected + np.float32(1.0))

@@ -21,7 +21,7 @@ def test_transpose_lowering_covers_output_once():
     g = megak.Graph()
     x = g.input("x", (130, 70), "float32")
     y = g.transpose(x)
-    low = transpose.lower(g.ops[y.producer])
+    low = transpose.OP.lower(g.ops[y.producer])
     cover = np.zeros((70, 130), dtype=int)
     for r0, rn, c0, cn in zip(*low.tile_regions()):
         assert rn <= transpose.TILE and cn <= transpose.TILE

@@ -28,7 +28,7 @@ def short_tile_chain(dtype, layers=6, m=24, width=256):
 
 
 def inflate(plan, pages=PAGES):
-    gemms = plan.instrs["opcode"] == abi.OP_GEMM
+    gemms = plan.instrs["opcode"] == abi.OPCODE_OF["gemm"]
     assert gemms.any()
     plan.instrs["pages"][gemms] = pages
     return gemms
@@ -54,7 +54,7 @@ def test_instructions_wait_for_pages_and_results_hold(backend, rng, dtype):
         for sm in range(prog.plan.n_sm):
             e = ev[ev["sm"] == sm]
             e = e[np.argsort(e["queue_index"])]
-            gem = e[e["opcode"] == abi.OP_GEMM]
+            gem = e[e["opcode"] == abi.OPCODE_OF["gemm"]]
             for a, b in zip(gem[:-1], gem[1:]):
                 if b["queue_index"] != a["queue_index"] + 1:
                     continue

@@ -41,10 +41,10 @@
 #include "../instr.h"
 #include "../sync.cuh"
 #include "../pages.cuh"
+#include "../tensor.cuh"
 
-/* Operand positions read (prefetched and validated), and the register pipeline's shape. */
+/* The register pipeline's shape (MK_COPY_OPERANDS, MK_COPY_PAGES: instr.h). */
 enum {
-    MK_COPY_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT),
     MK_COPY_GROUPS = 2,        /* groups of loads in flight, each stored then reloaded whole */
     MK_COPY_GROUP_LOADS = 8,   /* float4 per thread per group */
     MK_COPY_STAGES = MK_COPY_GROUPS * MK_COPY_GROUP_LOADS   /* 16 float4 = 64 registers */
@@ -60,8 +60,8 @@ __device__ __forceinline__ bool mk_copy_check(const mk_instr& in)
 /* Debug mode: the region lies inside both tensors. */
 __device__ __forceinline__ bool mk_copy_check_operands(const mk_instr& in, const mk_tensor* op)
 {
-    return mk_region_ok(op[MK_ARG_A], in.row0, in.rows, in.col0, in.cols) &&
-           mk_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols);
+    return mk_f32_region_ok(op[MK_ARG_A], in.row0, in.rows, in.col0, in.cols) &&
+           mk_f32_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols);
 }
 
 /* Copy a rows x cols rectangle of single floats through registers, U loads in flight per

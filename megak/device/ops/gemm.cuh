@@ -47,16 +47,16 @@
 #include "../instr.h"
 #include "../sync.cuh"
 #include "../pages.cuh"
+#include "../tensor.cuh"
+#include "../epilogue.cuh"
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
 #include "gemm_bf16_skinny.cuh"
 
-/* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128 come from instr.h. */
+/* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128, MK_GEMM_BK = 32 and
+ * MK_GEMM_OPERANDS come from instr.h. */
 enum {
-    MK_GEMM_TILE = 128,
-    MK_GEMM_BK = 32,
-    MK_GEMM_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_B) | (1u << MK_ARG_OUT) |
-                       (1u << MK_ARG_BIAS) | (1u << MK_ARG_RESIDUAL)
+    MK_GEMM_TILE = 128
 };
 
 static_assert(MK_GEMM_TILE_M == MK_GEMM_TILE && MK_GEMM_TILE_N == MK_GEMM_TILE &&
@@ -70,37 +70,7 @@ __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
     return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.k0 >= 0 && in.rows >= 0 &&
            in.cols >= 0 && in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
-           ((in.flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT) <= MK_ACT_SILU;
-}
-
-/* Debug mode: `t` is an fp32 or bf16 view with a sane leading dimension, aligned to its
- * element, and the region [r0, r0 + nr) x [c0, c0 + nc) lies inside it. */
-__device__ __forceinline__ bool mk_gemm_region_ok(const mk_tensor& t, long long r0, long long nr,
-                                                  long long c0, long long nc)
-{
-    if (t.dtype != MK_DTYPE_F32 && t.dtype != MK_DTYPE_BF16)
-        return false;
-    if (r0 < 0 || c0 < 0 || nr < 0 || nc < 0)
-        return false;
-    if (nr == 0 || nc == 0)
-        return true;
-    return t.ptr != 0 && (t.ptr & (mk_dtype_bytes(t.dtype) - 1u)) == 0 && t.ld >= t.cols &&
-           r0 + nr <= (long long)t.rows && c0 + nc <= (long long)t.cols;
-}
-
-/* The epilogue's operands (GEMM and REDUCE share them): bias a (1 x >= col0 + cols) row when
- * used, residual (>= row0 + rows) x (>= col0 + cols) when used, out (>= out_row0 + rows) x
- * (>= col0 + cols); every tensor fp32 or bf16. */
-__device__ __forceinline__ bool mk_epilogue_operands_ok(const mk_instr& in, const mk_tensor* op)
-{
-    if ((in.flags & MK_FLAG_BIAS) &&
-        !(op[MK_ARG_BIAS].rows == 1 &&
-          mk_gemm_region_ok(op[MK_ARG_BIAS], 0, 1, in.col0, in.cols)))
-        return false;
-    if ((in.flags & MK_FLAG_RESIDUAL) &&
-        !mk_gemm_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
-        return false;
-    return mk_gemm_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols);
+           mk_epilogue_check(in);
 }
 
 /* A and B of one dtype, inside their tensors, and the epilogue's operands. */
@@ -109,8 +79,8 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
     if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
         return false;
     return mk_epilogue_operands_ok(in, op) &&
-           mk_gemm_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
-           mk_gemm_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
+           mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
+           mk_tensor_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
 }
 
 /* Global -> registers: this thread's 4 float4 of the A tile and 4 of the B tile. */

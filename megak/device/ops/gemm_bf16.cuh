@@ -56,12 +56,13 @@
 #include "../pages.cuh"
 #include "gemm_epilogue.cuh"
 
+/* MK_GEMM_BF16_BK, MK_GEMM_BF16_PRELOAD_STAGES: instr.h */
 enum {
-    MK_GEMM_BF16_BK = 32,                    /* k per stage */
-    MK_GEMM_BF16_STAGES = 4,                 /* one page each */
+    MK_GEMM_BF16_STAGES = MK_GEMM_BF16_PAGES,   /* one page each */
     MK_GEMM_BF16_B_OFFSET = 128 * 32 * 2     /* bytes: B slice after the A slice */
 };
-static_assert(MK_GEMM_BF16_STAGES == MK_GEMM_BF16_PAGES, "one stage per page");
+static_assert(MK_GEMM_BF16_PRELOAD_STAGES < MK_GEMM_BF16_STAGES,
+              "the op must find a stage empty to issue its next load into");
 static_assert(MK_GEMM_BF16_B_OFFSET + MK_GEMM_BF16_BK * 128 * 2 == MK_PAGE_BYTES,
               "an A slice and a B slice fill one page");
 static_assert(MK_THREADS == 256, "8 warps as 2 x 4, 2 A + 2 B chunks per thread per stage");
@@ -136,7 +137,7 @@ __device__ __forceinline__ mk_u32 mk_gemm_bf16_preload_stages(const mk_instr& in
     const mk_u64 b = TB.ptr + 2 * ((mk_u64)in.k0 * TB.ld + in.col0);
     const bool vec = ((a | b) & 15u) == 0 && ((TA.ld | TB.ld) & 7u) == 0;
     const int ntiles = (in.klen + MK_GEMM_BF16_BK - 1) / MK_GEMM_BF16_BK;
-    return vec ? (mk_u32)mk_clamp(ntiles, 0, MK_GEMM_BF16_STAGES - 1) : 0u;
+    return vec ? (mk_u32)mk_clamp(ntiles, 0, MK_GEMM_BF16_PRELOAD_STAGES) : 0u;
 }
 
 __device__ __forceinline__ void mk_gemm_bf16_preload(const mk_instr& in, const mk_tensor* op,

@@ -27,7 +27,7 @@
  * per stage) and keeps a 16 x (8 P) fp32 partial (4 P accumulators per thread); after the
  * k loop the 8 partials are summed through shared memory into the epilogue's staging tile.
  *
- * Page plan (megak/page_plan.py must say the same), positions in the op's page table:
+ * Page plan (megak/ops/gemm.py's page plan says the same), positions in the op's page table:
  *   loader   B of stages 0 .. min(3, stages) - 1 into pages 0 .. (stage s = page s), when B is
  *            16-B aligned; before the dependency wait with MK_FLAG_B_READY (B has no producer),
  *            else after it. Nothing else: A is never staged.
@@ -76,11 +76,8 @@
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
 
+/* MK_SKINNY_STAGES, MK_SKINNY_AHEAD, MK_SKINNY_STAGE_K(_LOG2): instr.h */
 enum {
-    MK_SKINNY_STAGES = 4,            /* ring of stages, one page each */
-    MK_SKINNY_AHEAD = 3,             /* stages in flight; the loader preloads at most this many */
-    MK_SKINNY_STAGE_K_LOG2 = 10,     /* k-rows per stage with one plane */
-    MK_SKINNY_STAGE_K = 1 << MK_SKINNY_STAGE_K_LOG2,
     MK_SKINNY_WARPS = MK_THREADS / 32,
     MK_SKINNY_PART_LD = 32,          /* floats per row of a warp's partial tile */
     MK_SKINNY_PART_FLOATS = MK_GEMM_SKINNY_M * MK_SKINNY_PART_LD,

@@ -7,9 +7,8 @@
  *                                                        + residual[row0 + i, col0 + j] )
  *
  * P = tensor[MK_ARG_A] (fp32 or bf16): klen partials stacked by rows, k0 rows apart (the
- * row stride between splits, i.e. the GEMM's M). Bias, activation and residual exactly as
- * gemm_epilogue.cuh (same functions, same order, MK_FLAG_BIAS / MK_FLAG_RESIDUAL / act
- * bits); each of bias, residual, out fp32 or bf16. No pages (MK_REDUCE_PAGES = 0).
+ * row stride between splits, i.e. the GEMM's M). Bias, activation and residual: the one
+ * epilogue (epilogue.cuh, as the GEMM's); each of bias, residual, out fp32 or bf16. No pages (MK_REDUCE_PAGES = 0).
  * Operands: A, OUT, BIAS, RESIDUAL (all four must name valid tensor slots, as for GEMM).
  *
  * Precision: the sum is sequential IEEE fp32 adds in split order (the simulator reproduces
@@ -30,17 +29,14 @@
 #include "../instr.h"
 #include "../sync.cuh"
 #include "../pages.cuh"
-/* mk_ld4_any, mk_st4_any, mk_add4, mk_act4 (epilogue); mk_gemm_region_ok (gemm) */
-#include "gemm_epilogue.cuh"
-#include "gemm.cuh"
+#include "../tensor.cuh"
+#include "../epilogue.cuh"
 
+/* MK_REDUCE_MAX_ROWS, MK_REDUCE_MAX_COLS, MK_REDUCE_PAGES, MK_REDUCE_OPERANDS: instr.h */
 enum {
-    MK_REDUCE_MAX_ROWS = 128,
     MK_REDUCE_WARPS = MK_THREADS / 32,
     MK_REDUCE_ROWS_PER_PASS = 4,   /* rows per warp per pass */
-    MK_REDUCE_UNROLL = 4,          /* partials loaded together */
-    MK_REDUCE_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT) | (1u << MK_ARG_BIAS) |
-                         (1u << MK_ARG_RESIDUAL)
+    MK_REDUCE_UNROLL = 4           /* partials loaded together */
 };
 
 static_assert(MK_REDUCE_MAX_COLS == 4 * 32, "one lane per 4 columns of a 128-column row");
@@ -50,7 +46,7 @@ __device__ __forceinline__ bool mk_reduce_check(const mk_instr& in)
 {
     return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
            in.rows <= MK_REDUCE_MAX_ROWS && in.cols <= MK_REDUCE_MAX_COLS && in.k0 >= 0 &&
-           in.klen >= 1 && ((in.flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT) <= MK_ACT_SILU;
+           in.klen >= 1 && mk_epilogue_check(in);
 }
 
 /* Debug mode: P holds rows up to (klen - 1) * k0 + row0 + rows (k0 >= 0 and row0 >= 0 were
@@ -60,7 +56,7 @@ __device__ __forceinline__ bool mk_reduce_check_operands(const mk_instr& in, con
 {
     const long long p_row0 = (long long)(in.klen - 1) * in.k0 + in.row0;
     return mk_epilogue_operands_ok(in, op) &&
-           mk_gemm_region_ok(op[MK_ARG_A], p_row0, in.rows, in.col0, in.cols);
+           mk_tensor_region_ok(op[MK_ARG_A], p_row0, in.rows, in.col0, in.cols);
 }
 
 /* All 256 threads; in.rows, in.cols >= 1, in.klen >= 1. */
@@ -71,7 +67,7 @@ __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor*
     const mk_tensor& TB = op[MK_ARG_BIAS];
     const mk_tensor& TR = op[MK_ARG_RESIDUAL];
     const mk_u32 flags = in.flags;
-    const mk_u32 act = (flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT;
+    const mk_u32 act = mk_epilogue_act(flags);
     const bool has_bias = (flags & MK_FLAG_BIAS) != 0;
     const bool has_res = (flags & MK_FLAG_RESIDUAL) != 0;
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -138,13 +134,7 @@ __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor*
         for (int u = 0; u < MK_REDUCE_ROWS_PER_PASS; ++u) {
             const int r = r0 + u * MK_REDUCE_WARPS;
             if (r < rows) {
-                float4 v = acc[u];
-                if (has_bias)
-                    v = mk_add4(v, bias);
-                if (act != MK_ACT_NONE)
-                    v = mk_act4(v, act);
-                if (has_res)
-                    v = mk_add4(v, res[u]);
+                const float4 v = mk_epilogue4(acc[u], bias, res[u], has_bias, act, has_res);
                 mk_st4_any(TO, o_base + (mk_u64)r * TO.ld, v, nv, o_vec);
             }
         }

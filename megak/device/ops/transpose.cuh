@@ -41,11 +41,9 @@
 #include "../instr.h"
 #include "../sync.cuh"
 #include "../pages.cuh"
+#include "../tensor.cuh"
 
-/* MK_TRANSPOSE_PAGES = 0, MK_TRANSPOSE_TILE = 128 come from instr.h. */
-enum {
-    MK_TRANSPOSE_OPERANDS = (1u << MK_ARG_A) | (1u << MK_ARG_OUT)
-};
+/* MK_TRANSPOSE_PAGES = 0, MK_TRANSPOSE_TILE = 128, MK_TRANSPOSE_OPERANDS come from instr.h. */
 static_assert(MK_TRANSPOSE_TILE == 128 && MK_TRANSPOSE_PAGES == 0 && MK_THREADS == 256,
               "the block map below assumes a 128 x 128 tile (32 x 32 blocks of 4 x 4), 8 warps");
 
@@ -58,8 +56,8 @@ __device__ __forceinline__ bool mk_transpose_check(const mk_instr& in)
 __device__ __forceinline__ bool mk_transpose_check_operands(const mk_instr& in,
                                                             const mk_tensor* op)
 {
-    return mk_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
-           mk_region_ok(op[MK_ARG_A], in.col0, in.cols, in.row0, in.rows);
+    return mk_f32_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
+           mk_f32_region_ok(op[MK_ARG_A], in.col0, in.cols, in.row0, in.rows);
 }
 
 /* The thread's 4 blocks: all 16 loads, then all 16 stores. FULL: a whole 128 x 128 region with

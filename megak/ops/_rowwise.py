@@ -1,0 +1,55 @@
+"""What the row-wise ops (softmax, layernorm, rmsnorm) share: bands of whole rows per
+instruction, a warp per row on the device, the row's other operands (a weight and a bias of
+one value per column) read whole by every instruction. No pages (MK_ROWWISE_PAGES = 0): each
+pass reads the row from global memory (L1/L2 after the first), so any width works."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import ITEMSIZE
+from ._lowering import Lowered, cost_ns, row_bands, rows_per_instruction
+from .base import OpDef, region
+
+
+class RowwiseOp(OpDef):
+    passes = 2              # reads of each row: statistics, then the output
+    flops_per_element = 4
+
+    def expand(self, unit, ctx):
+        x = unit.inputs[0]
+        per = rows_per_instruction(x.rows, ITEMSIZE[x.dtype] * x.cols, ctx.n_sm)
+        return [unit.with_(attrs=dict(unit.attrs, rows_per_instr=per))]
+
+    def count(self, unit) -> int:
+        return -(-unit.inputs[0].rows // unit.attrs["rows_per_instr"])
+
+    def lower(self, unit) -> Lowered:
+        x = unit.inputs[0]
+        vectors = unit.inputs[1:]            # one value per column, every band reads all
+        row_edges, col_edges, reads = row_bands(x.rows, x.cols, unit.attrs["rows_per_instr"],
+                                                ["rows"] + ["row0"] * len(vectors))
+        band = np.diff(row_edges)
+        row_bytes = (self.passes * ITEMSIZE[x.dtype] + ITEMSIZE[unit.output.dtype]) * x.cols
+        vec_bytes = sum(ITEMSIZE[v.dtype] * v.cols for v in vectors)
+        return Lowered(self.opcode, self.pages, row_edges, col_edges, reads,
+                       cost_ns(self.flops_per_element * band * x.cols,
+                               band * row_bytes + vec_bytes),
+                       flops=float(self.flops_per_element * x.rows * x.cols),
+                       bytes=float(x.rows * row_bytes + vec_bytes),
+                       operands=list(self.operands), flags=self.flags(unit),
+                       extra={"param": np.full(len(band), self.param_bits(unit),
+                                               dtype=np.int64)})
+
+    def flags(self, unit) -> int:
+        return 0
+
+    def param_bits(self, unit) -> int:
+        raise NotImplementedError(self.name)
+
+    def check_record(self, rec) -> bool:
+        return min(region(rec)) >= 0
+
+
+def vector_reads(rec, positions, cols_of_row: int, c0: int):
+    """The regions a band reads from its per-column operands (row 0, the band's columns)."""
+    return tuple((pos, 0, 1, c0, c0 + cols_of_row) for pos in positions)

@@ -1,0 +1,100 @@
+import numpy as np
+import pytest
+
+import megak
+from megak import abi
+from tests.reference import check_graph
+
+SHAPES = [(1, 1), (7, 3), (1, 4099), (300, 129), (1025, 257)]
+SIM = {"n_sm": 5}
+
+
+def opts(backend):
+    return SIM if backend == "sim" else {}
+
+
+@pytest.mark.parametrize("dtype_a,dtype_b", [("float32", "float32"), ("bfloat16", "bfloat16"),
+                                             ("bfloat16", "float32"), ("float32", "bfloat16")])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_add_matches_float64(backend, rng, shape, dtype_a, dtype_b):
+    g = megak.Graph()
+    a = g.input("a", shape, dtype_a)
+    b = g.input("b", shape, dtype_b)
+    y = g.add(a, b)
+    assert y.shape == shape and y.dtype == dtype_a
+    g.output(y, "y")
+    prog = megak.compile(g, backend=backend, **opts(backend))
+    check_graph(prog, g, rng, f"add {shape} {dtype_a}+{dtype_b}")
+
+
+@pytest.mark.parametrize("vector", ["1d", "row"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_add_broadcasts_a_row_vector(backend, rng, vector, dtype):
+    g = megak.Graph()
+    a = g.input("a", (67, 130), dtype)
+    b = g.input("b", (130,) if vector == "1d" else (1, 130), dtype)
+    g.output(g.add(a, b), "y")
+    prog = megak.compile(g, backend=backend, **opts(backend))
+    inputs, out = check_graph(prog, g, rng, f"add broadcast {vector}")
+    if dtype == "float32":   # one fp32 add per element: exact to the rounding of numpy's
+        np.testing.assert_array_equal(out["y"], inputs["a"] + inputs["b"].reshape(1, -1))
+
+
+def test_add_checks_shapes():
+    g = megak.Graph()
+    a = g.input("a", (4, 5))
+    with pytest.raises(megak.GraphError, match=r"add: b must have a's shape \(4, 5\)"):
+        g.add(a, g.input("b", (5, 4)))
+    with pytest.raises(megak.GraphError, match="add: b must"):
+        g.add(a, g.input("c", (4,)))
+    with pytest.raises(megak.GraphError, match="add: a must be a megak Tensor"):
+        g.add(np.ones((4, 5)), a)
+
+
+def test_add_is_spread_over_the_sms():
+    g = megak.Graph()
+    a = g.input("a", (1000, 64))
+    g.output(g.add(a, a), "y")
+    plan = megak.compile(g, backend="sim", n_sm=8).plan
+    assert len(plan.instrs) == 8 and (plan.instrs["rows"] == 125).all()
+
+
+def _gemm_add(residual_shape, *, activation=None, bias=False, also_output=False):
+    g = megak.Graph()
+    x = g.input("x", (40, 24))
+    w = g.input("w", (24, 70))
+    kw = {"activation": activation}
+    if bias:
+        kw["bias"] = g.input("bias", (70,))
+    h = g.gemm(x, w, **kw)
+    r = g.input("r", residual_shape)
+    g.output(g.add(h, r), "y")
+    if also_output:
+        g.output(h, "h")
+    return g
+
+
+@pytest.mark.parametrize("case", ["residual", "bias", "after-activation-residual"])
+def test_add_folds_into_the_gemm_epilogue(backend, rng, case):
+    g = {"residual": lambda: _gemm_add((40, 70)),
+         "bias": lambda: _gemm_add((70,)),
+         "after-activation-residual": lambda: _gemm_add((40, 70), activation="gelu")}[case]()
+    prog = megak.compile(g, backend=backend, **opts(backend))
+    assert "add" not in prog.stats["instructions_per_opcode"]
+    gemm = prog.plan.instrs[prog.plan.instrs["opcode"] == abi.OPCODE_OF["gemm"]]
+    want = abi.FLAG_RESIDUAL if case != "bias" else abi.FLAG_BIAS
+    assert (gemm["flags"] & want).all()
+    assert any("(fused)" in label for label in prog.plan.op_labels)
+    check_graph(prog, g, rng, f"fused add {case}")
+
+
+@pytest.mark.parametrize("graph", [
+    lambda: _gemm_add((70,), activation="relu"),       # a bias would go before the relu
+    lambda: _gemm_add((70,), bias=True),               # the GEMM has its bias already
+    lambda: _gemm_add((40, 70), also_output=True),     # the GEMM's result is needed too
+])
+def test_add_stays_an_instruction_where_folding_would_change_the_result(rng, graph):
+    g = graph()
+    prog = megak.compile(g, backend="sim", n_sm=4)
+    assert "add" in prog.stats["instructions_per_opcode"]
+    check_graph(prog, g, rng, "unfused add")
