@@ -9,8 +9,8 @@ The bound of one GEMM out = act(a @ b + bias) + residual, elementwise, in the or
 device computes it (fp32 accumulation, then the epilogue in fp32, then one rounding):
 
 * accumulation: a dot product of length K summed in fp32, in any order, is within
-  K * u * (|a| @ |b|) of the exact value (u = 2^-24). bf16 operands run on tensor cores, whose
-  fp32 accumulation truncates (a step may cost a full ulp), so those get 2 * K * u.
+  2 * K * u * (|a| @ |b|) of the exact value (u = 2^-24): a step may round twice (product and
+  add, where they are not fused), or truncate (tensor cores).
 * each fp32 add of the epilogue (bias, residual) rounds once: u * |its result|.
 * an activation carries the error of its input through its slope (at most 1 for relu,
   1.13 for the tanh form of gelu, 1.1 for silu) and adds the fp32 evaluation error of
@@ -58,14 +58,12 @@ def exact_activation(v: np.ndarray, name: str) -> np.ndarray:
     raise ValueError(f"unknown activation {name!r}; allowed: {', '.join(ACTIVATION_SLOPE)}")
 
 
-def accumulation_gamma(k: int, operand_dtype: str) -> float:
-    """Relative bound factor of a length-k fp32 accumulation (see the module docstring)."""
-    steps_per_ulp = 2.0 if operand_dtype == "bfloat16" else 1.0
-    return steps_per_ulp * k * U
-
-
-def _dtype_name(x: np.ndarray) -> str:
-    return "bfloat16" if x.dtype == numpy_dtype("bfloat16") else "float32"
+def accumulation_gamma(k: int) -> float:
+    """Relative bound factor of a length-k fp32 accumulation: 2 k u. Each step may round
+    twice where the accumulation is not fused (the product, then the add: numpy's matmul in
+    the simulator), and tensor cores truncate (bf16 operands); the FMA pipes of the fp32 GEMM
+    round once, so fp32 results on the GPU sit further inside."""
+    return 2.0 * k * U
 
 
 @dataclass
@@ -79,25 +77,17 @@ class Expected:
 def gemm_expected(a: np.ndarray, b: np.ndarray, *, bias: np.ndarray | None = None,
                   activation: str | None = None, residual: np.ndarray | None = None,
                   out_dtype: str = "float32") -> Expected:
-    """act(a @ b + bias) + residual in float64, with the bound of the device's computation.
-    a and b are the operands as megak saw them (fp32 or bf16 arrays): their dtype picks the
-    accumulation bound."""
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    value = a64 @ b64
-    bound = accumulation_gamma(a64.shape[1], _dtype_name(np.asarray(a))) * \
-        (np.abs(a64) @ np.abs(b64))
-    if bias is not None:
-        value = value + np.asarray(bias, np.float64).reshape(1, -1)
-        bound = bound + U * (np.abs(value) + bound)
-    if activation is not None:
-        bound = ACTIVATION_SLOPE[activation] * bound + \
-            ACTIVATION_EVAL_ERROR[activation] * U * (np.abs(value) + bound)
-        value = exact_activation(value, activation)
-    if residual is not None:
-        value = value + np.asarray(residual, np.float64)
-        bound = bound + U * (np.abs(value) + bound)
-    if out_dtype != "float32":
-        bound = bound + UNIT_ROUNDOFF[out_dtype] * (np.abs(value) + bound)
+    """act(a @ b + bias) + residual in float64, with the bound of the device's computation:
+    the GEMM op's own reference (megak/ops/gemm.py), on operands as megak saw them."""
+    from types import SimpleNamespace
+
+    from .ops import REGISTRY
+    operands = [a, b] + [v for v in (bias, residual) if v is not None]
+    args = [(np.asarray(v, np.float64), np.zeros(np.shape(v))) for v in operands]
+    op = SimpleNamespace(attrs={"bias": bias is not None, "activation": activation,
+                                "residual": residual is not None},
+                         output=SimpleNamespace(dtype=out_dtype))
+    value, bound = REGISTRY["gemm"].reference(op, args)
     return Expected(value, bound, out_dtype)
 
 

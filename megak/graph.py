@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from .dtypes import SUPPORTED as SUPPORTED_DTYPES
 from .dtypes import name_of
 from .errors import GraphError
+from .reserved import RESERVED_NAMES
 
 
 @dataclass(frozen=True, eq=False)
@@ -68,9 +69,9 @@ class Graph:
 
     # -- building ---------------------------------------------------------------------------
     def input(self, name: str, shape, dtype: str = "float32") -> Tensor:
-        """A graph input: ``name`` becomes a keyword of ``run()``; ``shape`` 2-D ``(rows,
-        cols)`` or 1-D ``(n,)`` (a vector, such as a bias, held as one row); ``dtype``
-        "float32" (the default) or "bfloat16"."""
+        """A graph input: ``name`` becomes a keyword of ``run()`` (so not one of run()'s own:
+        out, trace, stream, self); ``shape`` 2-D ``(rows, cols)`` or 1-D ``(n,)`` (a vector,
+        such as a bias, held as one row); ``dtype`` "float32" (the default) or "bfloat16"."""
         self._check_name(name, "input")
         shape = _check_shape(shape, f"input {name!r}")
         dtype = check_dtype(dtype, f"input {name!r}")
@@ -113,6 +114,9 @@ class Graph:
                              f"of run()), got {name!r}")
         if name in self.inputs or name in self.outputs:
             raise GraphError(f"duplicate name {name!r}: input and output names must be unique")
+        if what == "input" and name in RESERVED_NAMES:
+            raise GraphError(f"input name {name!r} is reserved for run()'s own keywords "
+                             f"({', '.join(sorted(RESERVED_NAMES))}): choose another")
 
     def validate(self) -> None:
         """Whole-graph checks made by compile()."""

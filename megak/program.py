@@ -79,10 +79,13 @@ def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None
         from .runtime.driver import device_info
         info = device_info()
         default_sms, default_pages = info["sm_count"], pages.pages_for(info["smem_optin"])
+        memory = info["free_mem"]       # the tensors must fit what the GPU has free now
     else:
         default_sms, default_pages = DEFAULT_SIM_SMS, pages.DEFAULT_PAGES
+        memory = None                   # this host's physical memory
     plan = scheduler.build_plan(graph, n_sm=default_sms if n_sm is None else n_sm,
-                                n_pages=default_pages if n_pages is None else n_pages)
+                                n_pages=default_pages if n_pages is None else n_pages,
+                                memory_bytes=memory)
     return Program(plan, backend, **options)
 
 

@@ -3,7 +3,8 @@
 `tools/sanitize.sh` runs under compute-sanitizer. It touches every path of the megakernel:
 an fp32 gemm -> transpose -> copy, and in bf16 a chain of two skinny GEMMs (M = 16: weights
 preloaded by the loader warp before the wait, A straight from global memory) plus a 128-row
-tile GEMM whose first stages the loader fills, with early page hand-back (short tiles).
+tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
+the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -52,7 +53,29 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     g.output(g.gemm(h, w2), "z")
     p = g.input("p", (TILE_M, BF16_K), "bfloat16")
     g.output(g.gemm(p, w1), "q")
+    r = g.input("r", ROWS, "bfloat16")
+    n = ROWS[1]
+    s = g.softmax(g.add(r, g.input("rv", (n,), "float32")), scale=0.5, causal=True)
+    ln = g.layernorm(s, g.input("lw", (n,), "bfloat16"), g.input("lb", (n,), "float32"))
+    g.output(g.rmsnorm(ln, g.input("rw", (n,), "bfloat16")), "norm")
     return g
+
+
+ROWS = (37, 150)   # row-wise ops: odd rows and a width past one warp step (128 columns)
+
+
+def check_rowwise(g, inputs: dict, got) -> tuple[bool, str]:
+    """The row-wise chain against float64 with each op's stated bound (tests/reference.py)."""
+    from tests.reference import evaluate
+    value, bound = evaluate(g, inputs)[g.outputs["norm"].index]
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != value.shape or not np.isfinite(got).all():
+        return False, f"norm: shape {got.shape} or non-finite values (unwritten output?)"
+    err = np.abs(got - value)
+    if (err > bound + 1e-30).any():
+        i = int(np.argmax(err - bound))
+        return False, f"norm: error {err.flat[i]:.3e} exceeds bound {bound.flat[i]:.3e}"
+    return True, f"norm = rmsnorm(layernorm(softmax(r + rv))): max error {err.max():.3e}"
 
 
 def check_bf16(got, a, b, what: str, relu: bool = False) -> tuple[bool, str]:
@@ -122,11 +145,18 @@ def main(argv=None) -> int:
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
                   for name, shape in (("x", (SKINNY_M, BF16_K)), ("w1", (BF16_K, BF16_N)),
                                       ("w2", (BF16_N, BF16_N)), ("p", (TILE_M, BF16_K)))}
-            out = prog.run(a=a, b=b, **bf)
+            n = ROWS[1]
+            rows = {"r": rng.uniform(-1, 1, ROWS).astype(np.float32).astype(BF16),
+                    "rv": rng.uniform(-1, 1, n).astype(np.float32),
+                    "lw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16),
+                    "lb": rng.uniform(-1, 1, n).astype(np.float32),
+                    "rw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16)}
+            out = prog.run(a=a, b=b, **bf, **rows)
             results = [check(out["y"], a, b),
                        check_bf16(out["h"], bf["x"], bf["w1"], "h = relu(x @ w1)", relu=True),
                        check_bf16(out["z"], out["h"], bf["w2"], "z = h @ w2"),
-                       check_bf16(out["q"], bf["p"], bf["w1"], "q = p @ w1")]
+                       check_bf16(out["q"], bf["p"], bf["w1"], "q = p @ w1"),
+                       check_rowwise(g, {**rows, "a": a, "b": b, **bf}, out["norm"])]
             for good, msg in results:
                 print(f"sanitize_graph: run {run}: {'ok' if good else 'MISMATCH'}: {msg}",
                       flush=True)

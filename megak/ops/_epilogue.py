@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import abi
+from ..accuracy import ACTIVATION_EVAL_ERROR, ACTIVATION_SLOPE
 from ..dtypes import UNIT_ROUNDOFF
 
 # activation names by code, from instr.h's enum mk_activation (None = MK_ACT_NONE)
@@ -20,8 +21,6 @@ ACTIVATIONS = (None,) + tuple(n for n, v in sorted(_ACT_CODES.items(), key=lambd
 _ACT_NAMES = {v: n for n, v in _ACT_CODES.items()}
 
 U32 = UNIT_ROUNDOFF["float32"]
-# |act'| bounds: how much an error in the activation's input can grow
-LIPSCHITZ = {None: 1.0, "relu": 1.0, "gelu": 1.13, "silu": 1.1}
 
 
 def flags(attrs: dict) -> int:
@@ -82,8 +81,10 @@ def reference(value: np.ndarray, bound: np.ndarray, attrs: dict, rest: list, out
         bound = bound + e.reshape(1, -1) + U32 * (np.abs(value) + bound)
     act = attrs.get("activation")
     if act:
-        # fp32 evaluation of tanh / exp costs a few ulps of the result and input
-        bound = LIPSCHITZ[act] * bound + 8 * U32 * (np.abs(value) + 1.0)
+        # the input's error through the slope, plus the fp32 evaluation (megak/accuracy.py
+        # derives both constants)
+        bound = (ACTIVATION_SLOPE[act] * bound
+                 + ACTIVATION_EVAL_ERROR[act] * U32 * (np.abs(value) + bound))
         value = activation(value, act)
     if attrs.get("residual"):
         res, e = rest.pop(0)

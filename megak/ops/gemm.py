@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import abi
+from ..accuracy import accumulation_gamma
 from ..dtypes import ITEMSIZE, TENSOR_ALIGN_ELEMS
 from ..errors import GraphError
 from ..graph import check_2d, check_dtype, check_row_vector
@@ -238,13 +239,13 @@ class Gemm(OpDef):
     # -- reference --------------------------------------------------------------------------
     def reference(self, op, args):
         """A fp32 dot product of length K, summed in any order, is within
-        K u (|a| . |b|) of the exact value (u = 2^-24; 2u per step also covers the rounding
-        of the products); errors already in a and b propagate through the product."""
+        2 K u (|a| . |b|) of the exact value (megak/accuracy.py says why); errors already in
+        a and b propagate through the product; then the epilogue's."""
         (a, ea), (b, eb) = args[:2]
-        k = a.shape[1]
         value = a @ b
         mag = (np.abs(a) + ea) @ (np.abs(b) + eb)
-        bound = ea @ np.abs(b) + np.abs(a) @ eb + ea @ eb + 2 * k * _epilogue.U32 * mag
+        bound = (ea @ np.abs(b) + np.abs(a) @ eb + ea @ eb
+                 + accumulation_gamma(a.shape[1]) * mag)
         return _epilogue.reference(value, bound, op.attrs, args[2:], op.output.dtype)
 
 
