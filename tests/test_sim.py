@@ -152,3 +152,20 @@ def test_bad_activation_is_a_bad_descriptor(rng):
     with pytest.raises(MegakernelError) as info:
         prog.run(**inputs(rng))
     assert info.value.record["error"] == abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"]
+
+
+@pytest.mark.parametrize("kind,param", [("softmax", float("inf")), ("softmax", float("nan")),
+                                        ("layernorm", 0.0), ("rmsnorm", -1e-6),
+                                        ("rmsnorm", float("inf"))])
+def test_rowwise_records_with_a_bad_scalar_are_bad_descriptors(kind, param):
+    from megak.ops.base import param_bits
+    g = megak.Graph()
+    x = g.input("x", (4, 8))
+    w = g.input("w", (8,))
+    y = {"softmax": lambda: g.softmax(x), "layernorm": lambda: g.layernorm(x, w, w),
+         "rmsnorm": lambda: g.rmsnorm(x, w)}[kind]()
+    g.output(y, "y")
+    prog = megak.compile(g, backend="sim", n_sm=1)
+    prog.plan.instrs["param"] = param_bits(param)
+    with pytest.raises(megak.MegakernelError, match="BAD_DESCRIPTOR"):
+        prog.run(x=np.ones((4, 8), np.float32), w=np.ones(8, np.float32))

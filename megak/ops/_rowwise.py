@@ -8,7 +8,7 @@ import numpy as np
 
 from ..dtypes import ITEMSIZE
 from ._lowering import Lowered, cost_ns, row_bands, rows_per_instruction
-from .base import OpDef, region
+from .base import OpDef, f32_param, region
 
 
 class RowwiseOp(OpDef):
@@ -46,8 +46,14 @@ class RowwiseOp(OpDef):
     def param_bits(self, unit) -> int:
         raise NotImplementedError(self.name)
 
+    param_positive = True      # the record's scalar: > 0 (an epsilon), or only finite
+
     def check_record(self, rec) -> bool:
-        return min(region(rec)) >= 0
+        """The device's mk_rowwise_check and mk_param_ok."""
+        r0, c0, rn, cn = region(rec)
+        p = f32_param(rec)
+        return (min(r0, rn, cn) >= 0 and c0 == 0 and bool(np.isfinite(p))
+                and (p > 0 or not self.param_positive))
 
 
 def vector_reads(rec, positions, cols_of_row: int, c0: int):

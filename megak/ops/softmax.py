@@ -39,6 +39,7 @@ class Softmax(RowwiseOp):
     name = "softmax"
     operands = (abi.ARG_A,)
     flops_per_element = 8
+    param_positive = False      # a scale: any finite value
     build = staticmethod(softmax)
 
     def flags(self, unit) -> int:

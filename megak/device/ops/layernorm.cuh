@@ -21,7 +21,7 @@
 
 __device__ __forceinline__ bool mk_layernorm_check(const mk_instr& in)
 {
-    return mk_rowwise_check(in);
+    return mk_rowwise_check(in) && mk_param_ok(in, true);
 }
 
 __device__ __forceinline__ bool mk_layernorm_check_operands(const mk_instr& in,

@@ -18,7 +18,7 @@
 
 __device__ __forceinline__ bool mk_rmsnorm_check(const mk_instr& in)
 {
-    return mk_rowwise_check(in);
+    return mk_rowwise_check(in) && mk_param_ok(in, true);
 }
 
 __device__ __forceinline__ bool mk_rmsnorm_check_operands(const mk_instr& in, const mk_tensor* op)

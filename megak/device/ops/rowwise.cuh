@@ -26,6 +26,16 @@ __device__ __forceinline__ bool mk_rowwise_check(const mk_instr& in)
     return in.row0 >= 0 && in.col0 == 0 && in.rows >= 0 && in.cols >= 0;
 }
 
+/* The record's fp32 scalar (softmax scale, norm epsilon) is finite, and with `positive` > 0.
+ * The loader reads it here, so the compute warps' read of it follows the loader's on the
+ * slot's hand-over chain like every other record field (compute-sanitizer's racecheck
+ * flagged the first read of a record byte that only the compute warps read). */
+__device__ __forceinline__ bool mk_param_ok(const mk_instr& in, bool positive)
+{
+    const float v = __uint_as_float(in.param);
+    return (in.param & 0x7f800000u) != 0x7f800000u && (!positive || v > 0.f);
+}
+
 /* Debug mode: X and OUT hold the region's rows whole; each per-column vector is one row. */
 __device__ __forceinline__ bool mk_rowwise_operands_ok(const mk_instr& in, const mk_tensor* op,
                                                        mk_u32 vectors)

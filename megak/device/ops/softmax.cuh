@@ -23,7 +23,7 @@
 
 __device__ __forceinline__ bool mk_softmax_check(const mk_instr& in)
 {
-    return mk_rowwise_check(in);
+    return mk_rowwise_check(in) && mk_param_ok(in, false);
 }
 
 __device__ __forceinline__ bool mk_softmax_check_operands(const mk_instr& in, const mk_tensor* op)
