@@ -12,7 +12,7 @@ time. Writes
     OUT/results/<gpu-slug>-<date>.json   {"machine", "date", "results": [{workload, variant,
                                           median_us, metric, value, ...}], ...}
     OUT/results/<gpu-slug>-<date>.png    speed of each variant relative to megak
-    OUT/RESULTS.md                       tables, targets (DESIGN.md section 9), memory audit
+    OUT/RESULTS.md                       tables, targets (TARGETS below), memory audit
 
 (--quick: tiny rep counts, smaller workloads, files suffixed "-quick", RESULTS-quick.md.)
 
@@ -50,14 +50,14 @@ RESULT_KEYS = {"workload": str, "variant": str, "median_us": float, "metric": st
                "value": float}
 
 
-# ---- targets (DESIGN.md section 9) -----------------------------------------------------------
+# ---- targets --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Target:
     metric: str
     op: str             # "<=" (lower is better) or ">=" (higher is better)
     value: float
-    baseline: str       # what DESIGN.md says a user has today
+    baseline: str       # what a user has today (the measured peers)
 
     def met(self, value: float) -> bool:
         return value <= self.value if self.op == "<=" else value >= self.value
@@ -75,7 +75,7 @@ class Target:
         return f"missed by {fmt_short(short)} {self.metric} ({short / self.value:.0%})"
 
 
-#: megak targets, from DESIGN.md section 9 (and the foundation issue for W6): the megak
+#: megak targets, from the project's issues (the measured peers and limits): the megak
 #: variant's figure is judged against them.
 TARGETS: dict[str, Target] = {
     "W1": Target("us/op", "<=", 0.8, "4.4-5.2 us per launch (cuda-python); 0.5 us per empty "
@@ -92,7 +92,7 @@ TARGETS: dict[str, Target] = {
                             "(benchmarks/LOWERING.md)"),
 }
 
-#: fp32 workloads whose DESIGN.md target is for the bf16 version (shown for context, no gap)
+#: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
                   "W3-4096-fp32": "W3-8192-fp32"}
 
@@ -266,7 +266,7 @@ def render_summary(doc: dict) -> list[str]:
     nya = doc.get("not_yet_available", {})
     before = doc.get("baseline", {}).get("megak", {})
     lines = ["| workload | target | megak | gap | best other variant | megak speed vs it "
-             "| DESIGN.md baseline |", "|---|---|---|---|---|---|---|"]
+             "| baseline |", "|---|---|---|---|---|---|---|"]
     if before:
         lines = [lines[0] + " megak before |", lines[1] + "---|"]
     for name, t in TARGETS.items():
@@ -354,8 +354,8 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
             "on the megak row, above 1 means megak beats every alternative. Every figure was "
             "checked against a float64 reference after its timed runs, on outputs poisoned "
             "with NaN beforehand: each GEMM within 2·K·2⁻²⁴·(|a|@|b|), a chain layer by layer "
-            "on its computed input; copies and transposes exact. Targets are DESIGN.md "
-            "section 9's, for the megak variant.", ""]
+            "on its computed input; copies and transposes exact. Targets are the project's "
+            "(TARGETS in benchmarks/report.py), for the megak variant.", ""]
     out += ["Variants: " + "; ".join(f"**{v}**: {d}" for v, d in W.VARIANT_DESCRIPTIONS.items())
             + ".", ""]
     out += ["## Targets", ""] + render_summary(doc) + [""]

@@ -47,7 +47,7 @@ SAMPLE_EVERY = 64              # stratified sampling: one row (column) per this 
 FULL_CHECK_MAX_MNK = 2 ** 33   # above this M*N*K, GEMM checks sample rows and columns
 EXACT_BLOCK_ROWS = 512         # transpose checks compare this many output rows at a time
 
-#: Workloads DESIGN.md section 9 sets targets for that this suite does not measure yet (bf16).
+#: Workloads with targets that this suite does not measure yet (bf16).
 #: They are listed as "not yet available" in RESULTS.md, never measured or faked. When bf16
 #: GEMMs run on the device, add their builders below and remove them from here.
 NOT_YET_AVAILABLE: dict[str, str] = {}
@@ -628,7 +628,7 @@ def w6_compile_cached() -> HostWorkload:
 
 # ---- registry --------------------------------------------------------------------------------
 
-#: every workload of a full report, in run order (names as DESIGN.md section 9 and the issue)
+#: every workload of a full report, in run order (names as in TARGETS and the issues)
 FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
     "W1": w1,
     "W2-1024x16-fp32": lambda: w2(1024, 16),

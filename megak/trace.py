@@ -31,7 +31,7 @@ SEGMENTS = [("acquire", _FETCH, _ACQUIRED), ("wait", _ACQUIRED, _WAITED),
             ("load", _WAITED, _LOADED), ("compute", _LOADED, _COMPUTED),
             ("store", _COMPUTED, _STORED)]
 
-# H200 ceilings measured with vendor libraries (DESIGN.md section 9): fp32 GEMM, copy.
+# H200 ceilings measured with vendor libraries (the baselines of benchmarks/report.py TARGETS): fp32 GEMM, copy.
 DEFAULT_CEILINGS = {"fp32_tflops": 50.8, "bf16_tflops": 766.0, "hbm_gbps": 4171.0}
 
 

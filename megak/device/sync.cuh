@@ -114,7 +114,7 @@ __device__ __forceinline__ mk_u32 mk_smem_addr(const void* p)
 }
 
 /* ---- asynchronous global -> shared copies (instruction prefetch) ------------------------ *
- * cp.async lets warp 0 start fetching the next record and its operand descriptors without
+ * cp.async lets the loader warp start fetching the next record and its operand descriptors without
  * holding registers or stalling while the current instruction runs. Only host-written,
  * read-only data (queues, tensor table) goes through these, so the L1 path is fine.         */
 

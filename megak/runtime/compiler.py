@@ -1,7 +1,7 @@
 """NVRTC compilation of the megakernel to a cubin, with a disk cache.
 
 Always a cubin for the exact arch, never PTX: the GPU machines run an older driver than the
-NVRTC wheel, and newer PTX does not load there (DESIGN.md section 8). Nothing in this module
+NVRTC wheel, and newer PTX does not load there (docs/ARCHITECTURE.md section 1.5). Nothing in this module
 touches the CUDA driver: it works on a machine with no GPU and no libcuda, which is how CI
 checks that the megakernel compiles without register spills.
 

@@ -25,10 +25,10 @@
  *    address (a warp's LDS.128 covers 512 contiguous bytes: every 8-lane phase 128 B), yet
  *    Nsight Compute counted ~5% extra LDS wavefronts: the cp.async fills land in the same
  *    data banks the LDS reads while the ring runs, and the hardware bank-conflict counter
- *    counts that arbitration, which no layout removes. Registers cost nothing here (the GEMM
- *    sets the kernel's budget, ~250 per thread; this needs 64 for data), the pipeline moves
- *    16 B with 2 LSU instructions instead of 3 (LDG + STG vs LDGSTS + LDS + STG), and the
- *    copy holds no pages, which stay free for the instruction in the other slot.
+ *    counts that arbitration, which no layout removes. Registers cost nothing here (the
+ *    compute warps have 224 per thread after setmaxnreg; this needs 64 for data), the
+ *    pipeline moves 16 B with 2 LSU instructions instead of 3 (LDG + STG vs LDGSTS + LDS +
+ *    STG), and the copy holds no pages, which stay free for the instruction in the other slot.
  *  - Small bodies (<= one unit per thread) skip the pipeline: one load, one store, the
  *    shortest dependent path (chains of tiny copies).
  *  - Columns split into a scalar head, a float4 body and a scalar tail when A and OUT have the

@@ -10,7 +10,7 @@
  * Why registers and no shared memory: the tile is 1024 blocks of 4 x 4 floats, 4 per thread.
  * A thread loads its blocks' 4 A rows (float4 each), transposes them in registers (renaming
  * and a few moves) and stores 4 output rows (float4 each): 16 loads of 16 B in
- * flight per thread (64 registers: the GEMM sets the kernel's budget, ~250), no barrier, no
+ * flight per thread (64 registers: the compute warps have 224 after setmaxnreg), no barrier, no
  * shared-memory hop. The previous shared-memory version (cp.async tile, XOR swizzle, LDS) was
  * conflict-free by address, yet Nsight Compute counted ~6.5% extra LDS wavefronts: the
  * hardware bank-conflict counter also counts arbitration with other traffic on the L1 data
