@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Probe: where a megak call's time goes, for a one-instruction graph ((1, 32) copy).
+
+  host: Program._prepare + stream lookup; the executor's launch (enqueue only)
+  gpu:  one invocation, from 1000 back-to-back launches (total / 1000), by grid size
+  run:  prog.run + wait, median, by grid size
+
+    python tools/probe_invocation.py
+"""
+import statistics
+import time
+
+import torch
+
+import megak
+
+
+def med(fn, n=500):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts) / 1e3
+
+
+def main():
+    g = megak.Graph()
+    x = g.input("x", (1, 32))
+    g.output(g.copy(x), "y")
+    xt = torch.randn(1, 32, device="cuda")
+    yt = torch.empty(1, 32, device="cuda")
+    for n_sm in (132, 16, 1):
+        prog = megak.compile(g, backend="cuda", n_sm=n_sm)
+        ex = prog._executor
+        for _ in range(20):
+            prog.run(out={"y": yt}, x=xt)
+        prep = med(lambda: prog._prepare({"x": xt}, {"y": yt}))
+        call = prog._prepare({"x": xt}, {"y": yt})
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        for _ in range(200):
+            ex.launch({}, [], external=call.external, stream=None)
+        enq = (time.perf_counter_ns() - t0) / 200 / 1e3
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        hs = [prog.launch(out={"y": yt}, x=xt) for _ in range(1000)]
+        hs[-1].wait()
+        per = (time.perf_counter_ns() - t0) / 1000 / 1e3
+        run = med(lambda: prog.run(out={"y": yt}, x=xt), 1000)
+        assert torch.equal(yt, xt)
+        print(f"n_sm {n_sm:3d}: prepare {prep:5.2f} us, executor.launch enqueue {enq:5.2f} us, "
+              f"1000 launches {per:5.2f} us/call, run+wait median {run:5.2f} us")
+        prog.close()
+
+
+if __name__ == "__main__":
+    main()
