@@ -7,7 +7,8 @@ For every workload of benchmarks/workloads.py, in ONE process (so medians and ra
 machine state): build the graph, fresh random inputs, a float64 reference; check a normal
 ``prog.run``; then per variant: poison every tensor the graph writes, time it, check what the
 timed runs left in memory. A variant whose check fails is reported as a failure, never as a
-time. Writes
+time. The call-path workloads (W7) are timed per call from Python instead (wall-clock, no L2
+flush; ``run_call_workload``), with the megakernel's device time beside it. Writes
 
     OUT/results/<gpu-slug>-<date>.json   {"machine", "date", "results": [{workload, variant,
                                           median_us, metric, value, ...}], ...}
@@ -45,6 +46,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 TRACE_OVERHEAD_TARGET = 0.05    # tracing on may cost at most 5% on the W2 chains
 QUICK_REPS = (3, 1)             # (timed reps, warm-up) of every variant in a --quick run
+# the spin kernel queued ahead of each device-timed launch (torch.cuda._sleep cycles, ~0.5 ms
+# at an H200's clock): longer than the host takes to queue the events and the launch
+DEVICE_TIMING_SLEEP_CYCLES = 1_000_000
 METRICS = ("us/op", "us", "ms", "TFLOP/s", "GB/s")
 RESULT_KEYS = {"workload": str, "variant": str, "median_us": float, "metric": str,
                "value": float}
@@ -58,6 +62,7 @@ class Target:
     op: str             # "<=" (lower is better) or ">=" (higher is better)
     value: float
     baseline: str       # what a user has today (the measured peers)
+    variant: str = "megak"   # the variant judged (W7, the call path: megak_run)
 
     def met(self, value: float) -> bool:
         return value <= self.value if self.op == "<=" else value >= self.value
@@ -90,7 +95,13 @@ TARGETS: dict[str, Target] = {
     "W5-1GiB": Target("GB/s", ">=", 3950.0, "device copy 4,171 GB/s"),
     "W6-lower-100k": Target("ms", "<=", 1000.0, "181.6 ms on the 2-core CPU machine "
                             "(benchmarks/LOWERING.md)"),
+    "W7-call-copy": Target("us", "<=", 15.0, "torch eager / CUDA graph replay + synchronize "
+                           "per call (the torch and torch_graph rows, measured alongside)",
+                           variant="megak_run"),
 }
+
+#: the megakernel itself, in its forms: never the "best other variant" it is compared with
+MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
@@ -166,18 +177,35 @@ def by_workload(results: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+def reference_variant(variants) -> str | None:
+    """The megak variant the others are compared with: megak; on the call-path workloads
+    (W7), which have no megak variant, megak_run (one call as a user makes it)."""
+    for v in ("megak", "megak_run"):
+        if v in variants:
+            return v
+    return None
+
+
+def judged_variant(name: str) -> str:
+    """The variant a workload's target (and a baseline's "megak before") is about."""
+    t = TARGETS.get(name)
+    return t.variant if t is not None else "megak"
+
+
 def speeds(variants: dict[str, dict]) -> dict[str, dict]:
     """Per variant: ``vs_megak`` = t_megak / t (>1: faster than megak) and ``vs_best_other`` =
     t_best / t where best is the fastest variant other than megak (for the megak row: how
-    megak compares with the best alternative). None where there is nothing to compare with."""
+    megak compares with the best alternative). None where there is nothing to compare with.
+    "megak" is `reference_variant` (megak_run on W7)."""
     t = {v: r["median_us"] for v, r in variants.items()}
-    # megak_trace is megak itself (the traced build), not an alternative to it
-    others = {v: x for v, x in t.items() if v not in ("megak", "megak_trace")}
+    ref = reference_variant(t)
+    # the traced build and the call-path forms are megak itself, not alternatives to it
+    others = {v: x for v, x in t.items() if v not in MEGAK_VARIANTS}
     best = min(others, key=others.get) if others else None
     out = {}
     for v, x in t.items():
         out[v] = {
-            "vs_megak": t["megak"] / x if "megak" in t else None,
+            "vs_megak": t[ref] / x if ref is not None else None,
             "vs_best_other": t[best] / x if best is not None else None,
             "best_other": best,
         }
@@ -249,11 +277,11 @@ def _machine_lines(m: dict) -> list[str]:
 
 
 def _target_cell(name: str, variant: str, r: dict) -> str:
+    t = TARGETS.get(name)
+    if t is not None and variant == t.variant and t.metric == r["metric"]:
+        return f"{t.text()}: **{t.gap(r['value'])}**"
     if variant != "megak":
         return ""
-    t = TARGETS.get(name)
-    if t is not None and t.metric == r["metric"]:
-        return f"{t.text()}: **{t.gap(r['value'])}**"
     rel = RELATED_TARGET.get(name)
     if rel and rel in TARGETS:
         return f"(see {rel}: {TARGETS[rel].text()})"
@@ -263,6 +291,7 @@ def _target_cell(name: str, variant: str, r: dict) -> str:
 def render_summary(doc: dict) -> list[str]:
     grouped = by_workload(doc["results"])
     failed = {(f["workload"], f["variant"]) for f in doc.get("failures", [])}
+    skipped = {(s["workload"], s["variant"]) for s in doc.get("skipped", []) if "workload" in s}
     nya = doc.get("not_yet_available", {})
     before = doc.get("baseline", {}).get("megak", {})
     lines = ["| workload | target | megak | gap | best other variant | megak speed vs it "
@@ -275,18 +304,20 @@ def render_summary(doc: dict) -> list[str]:
                          f"| | | {t.baseline} |")
             continue
         variants = grouped.get(name, {})
-        r = variants.get("megak")
+        r = variants.get(t.variant)
         if r is None:
-            why = ("FAILED (see Failures)" if (name, "megak") in failed
+            why = ("FAILED (see Failures)" if (name, t.variant) in failed
+                   else "skipped (see Not measured)" if (name, t.variant) in skipped
                    else "not run" + (" (quick run)" if doc.get("quick") else ""))
             lines.append(f"| {name} | {t.text()} | {why} | not measured | | | {t.baseline} |")
             continue
-        sp = speeds(variants)["megak"]
+        sp = speeds(variants)[t.variant]
         best = sp["best_other"]
         best_txt = (f"{best}: {fmt(variants[best]['value'])} {variants[best]['metric']}"
                     if best else "")
         vs = f"{sp['vs_best_other']:.2f}x" if sp["vs_best_other"] else ""
-        row = (f"| {name} | {t.text()} | {fmt(r['value'])} {r['metric']} | "
+        which = f" ({t.variant})" if t.variant != "megak" else ""
+        row = (f"| {name} | {t.text()} | {fmt(r['value'])} {r['metric']}{which} | "
                f"**{t.gap(r['value'])}** | {best_txt} | {vs} | {t.baseline} |")
         if before:
             row += f" {fmt(before[name])} {r['metric']} |" if name in before else " |"
@@ -304,22 +335,42 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
     lines = [f"### {name}", ""]
     if description:
         lines += [description, ""]
+    # the call path (W7) records the megakernel's device time of megak_run's call beside it
+    overhead = any("host_overhead_us" in r for r in variants.values())
     lines += [f"| variant | runs | median (us) | {metric} | speed vs megak | speed vs best "
-              f"other | check | target |", "|---|---|---|---|---|---|---|---|"]
+              f"other | check | target |" + (" device (us) | host overhead per call (us) |"
+                                              if overhead else ""),
+              "|---|---|---|---|---|---|---|---|" + ("---|---|" if overhead else "")]
     order = [v for v in W.VARIANTS if v in variants]
     for v in order:
         r, s = variants[v], sp[v]
         vm = f"{s['vs_megak']:.2f}x" if s["vs_megak"] is not None else "n/a"
         vb = f"{s['vs_best_other']:.2f}x" if s["vs_best_other"] is not None else "n/a"
-        lines.append(f"| {v} | {r.get('reps', '?')} | {fmt(r['median_us'])} | "
-                     f"{fmt(r['value'])} | {vm} | {vb} | {r.get('check', '')} | "
-                     f"{_target_cell(name, v, r)} |")
+        runs = r.get("reps", "?")
+        if r.get("calls_per_rep"):   # megak_launch: batches of back-to-back launches
+            runs = f"{runs} x {r['calls_per_rep']:,}"
+        row = (f"| {v} | {runs} | {fmt(r['median_us'])} | "
+               f"{fmt(r['value'])} | {vm} | {vb} | {r.get('check', '')} | "
+               f"{_target_cell(name, v, r)} |")
+        if overhead:
+            row += (f" {fmt(r['device_us'])} | {fmt(r['host_overhead_us'])} |"
+                    if "host_overhead_us" in r else " | |")
+        lines.append(row)
     if "megak" in variants and "megak_trace" in variants:
         cost = variants["megak_trace"]["median_us"] / variants["megak"]["median_us"] - 1
         verdict = "met" if cost <= TRACE_OVERHEAD_TARGET else "missed"
         lines += ["", f"Tracing on (megak_trace, the MK_TRACE=1 build) costs {100 * cost:+.1f}% "
                       f"of the megak median (target <= {100 * TRACE_OVERHEAD_TARGET:.0f}%: "
                       f"**{verdict}**); tracing off is a separate build with no trace code."]
+    for v in order:
+        r = variants[v]
+        if "host_overhead_us" in r:
+            lines += ["", f"Host overhead per call ({v}): wall-clock median "
+                          f"{fmt(r['median_us'])} us - device median {fmt(r['device_us'])} us "
+                          f"= **{fmt(r['host_overhead_us'])} us**: what the call costs beyond "
+                          f"the megakernel's own run (device: CUDA events around one "
+                          f"prog.launch, queued behind a spin kernel so that they time the "
+                          f"GPU alone; {r.get('device_reps', '?')} runs)."]
     b = variants.get("megak", {}).get("bubble")
     if b:
         lines += ["", f"Bubble fraction per SM (one traced run; the share of an SM's span in "
@@ -348,7 +399,10 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
             "GPU variants with CUDA events around each run, the L2 flushed before each run "
             f"where the working set is at most {L2_FLUSH_BYTES >> 20} MiB (bigger ones evict "
             "it themselves; flushing them would only add the flush's dirty lines to the timed "
-            "run); host workloads (W6) with perf_counter. "
+            "run); host workloads (W6) with perf_counter; the call-path workloads (W7) "
+            "with perf_counter_ns around each call from Python, wall-clock, no L2 flush, "
+            "their *megak* being megak_run (host overhead per call = its wall-clock median - "
+            "the megakernel's device median). "
             "*speed vs megak* = t_megak / t: above 1 that variant is faster than megak. "
             "*speed vs best other* = t_best / t, best = the fastest variant other than megak: "
             "on the megak row, above 1 means megak beats every alternative. Every figure was "
@@ -369,7 +423,8 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
     skipped = doc.get("skipped", [])
     if skipped:
         out += ["## Not measured", ""]
-        out += [f"- {s['variant']}: {s['reason']}" for s in skipped]
+        out += [f"- {s['workload'] + ' / ' if 'workload' in s else ''}{s['variant']}: "
+                f"{s['reason']}" for s in skipped]
         out.append("")
     out += ["## Results per workload", ""]
     descr = doc.get("descriptions", {})
@@ -402,19 +457,20 @@ def write_chart(doc: dict, path: Path) -> bool:
         return False
     rows = []
     for name, variants in by_workload(doc["results"]).items():
-        if "megak" in variants and len(variants) > 1:
+        ref = reference_variant(variants)
+        if ref is not None and len(variants) > 1:
             sp = speeds(variants)
-            rows.append((name, {v: sp[v]["vs_megak"] for v in variants if v != "megak"}))
+            rows.append((name, {v: sp[v]["vs_megak"] for v in variants if v != ref}))
     if not rows:
         return False
-    others = [v for v in W.VARIANTS if v != "megak" and any(v in r[1] for r in rows)]
+    others = [v for v in W.VARIANTS if any(v in r[1] for r in rows)]
     height = 0.8 / max(len(others), 1)
     # the Figure API directly (no pyplot): no global state, no display backend needed
     fig = Figure(figsize=(9, 0.6 + 0.55 * len(rows) * max(1, len(others) / 2)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     colors = {"separate": "#4c72b0", "graph": "#55a868", "torch": "#c44e52",
-              "torch_graph": "#8172b2"}
+              "torch_graph": "#8172b2", "megak_launch": "#dd8452"}
     ys = np.arange(len(rows))[::-1]
     lo, hi = 1.0, 1.0
     for k, v in enumerate(others):
@@ -435,7 +491,8 @@ def write_chart(doc: dict, path: Path) -> bool:
     ax.set_xlim(lo / 2, hi * 3)
     ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(ys, [r[0] for r in rows])
-    ax.set_xlabel("speed relative to megak (t_megak / t, log scale): < 1 = slower than megak")
+    ax.set_xlabel("speed relative to megak (t_megak / t, log scale; W7: megak_run): < 1 = "
+                  "slower than megak")
     title = f"{doc['machine'].get('gpu', '')} {doc['date']}" + (" (quick)" if doc.get("quick")
                                                                  else "")
     ax.set_title(title)
@@ -486,7 +543,8 @@ def load_baseline(path: Path, what: str = "") -> dict:
     """The megak figures of an earlier results file, to print beside this run's."""
     old = json.loads(path.read_text())
     validate_doc(old)
-    megak = {r["workload"]: r["value"] for r in old["results"] if r["variant"] == "megak"}
+    megak = {r["workload"]: r["value"] for r in old["results"]
+             if r["variant"] == judged_variant(r["workload"])}
     try:
         source = path.resolve().relative_to(BENCH_DIR).as_posix()
     except ValueError:
@@ -527,6 +585,49 @@ def time_bench_variant(b, variant: str, reps: int, warmup: int, flush: bool) -> 
         return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=True)
     raise ValueError(f"unknown Bench variant {variant!r}; allowed: megak, megak_trace, "
                      f"separate, graph")
+
+
+def time_calls(fn, reps: int, warmup: int, clock=time.perf_counter_ns) -> np.ndarray:
+    """Microseconds per call of fn, wall-clock from Python: each call timed on its own (the
+    call path, W7: fn waits for its GPU work itself)."""
+    for _ in range(warmup):
+        fn()
+    times = np.empty(reps, dtype=np.float64)
+    for i in range(reps):
+        t0 = clock()
+        fn()
+        times[i] = clock() - t0
+    return times / 1e3
+
+
+def time_launch_batches(launch, reps: int, warmup: int, calls: int = W.LAUNCH_BATCH,
+                        clock=time.perf_counter_ns) -> np.ndarray:
+    """Microseconds per call of `calls` launches back to back then one wait() on the last
+    handle, per batch (wall-clock). After each batch, untimed, every handle is waited on, so
+    a failed launch raises here instead of hiding behind the last one."""
+    times = []
+    for b in range(warmup + reps):
+        t0 = clock()
+        handles = [launch() for _ in range(calls)]
+        handles[-1].wait()
+        dt = clock() - t0
+        for h in handles:
+            h.wait()
+        if b >= warmup:
+            times.append(dt / calls)
+    return np.asarray(times, dtype=np.float64) / 1e3
+
+
+def call_overhead(wall_median_us: float, device_us) -> dict:
+    """What a call costs beyond the GPU's work: the wall-clock median of one call minus the
+    device median of the same launch (CUDA events). Keys as stored with the megak_run
+    result."""
+    d = np.asarray(device_us, dtype=np.float64)
+    if d.ndim != 1 or len(d) == 0:
+        raise ValueError("no device times")
+    dev = float(np.median(d))
+    return {"device_us": dev, "device_reps": int(len(d)),
+            "host_overhead_us": float(wall_median_us) - dev}
 
 
 class TorchEnv:
@@ -575,13 +676,48 @@ class TorchEnv:
         return graph
 
     def poison(self, case: W.TorchCase) -> None:
-        for buf in case.buffers:
+        self.poison_tensors(case.buffers)
+
+    def poison_tensors(self, tensors) -> None:
+        for buf in tensors:
             buf.fill_(float("nan"))
         self.torch.cuda.synchronize()
 
     def fetch(self, case: W.TorchCase) -> dict:
+        return self.fetch_tensors(case.outputs)
+
+    def fetch_tensors(self, tensors: dict) -> dict:
         from megak.interop import _torch_to_numpy   # bf16 tensors have no .numpy()
-        return {name: _torch_to_numpy(t.cpu()) for name, t in case.outputs.items()}
+        return {name: _torch_to_numpy(t.cpu()) for name, t in tensors.items()}
+
+    # -- the call path (W7): the caller's tensors, per-call synchronisation, device time ----
+    def to_device(self, inputs: dict) -> dict:
+        return {name: W._to_torch(a, self.torch, self.device) for name, a in inputs.items()}
+
+    def empty(self, shape, dtype: str):
+        return self.torch.empty(shape, dtype=getattr(self.torch, dtype), device=self.device)
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize()
+
+    def device_times(self, fn, reps: int, warmup: int) -> tuple[np.ndarray, list]:
+        """Microseconds of the GPU work fn queues on the current stream (CUDA events around
+        it), and what every call of fn returned (warm-up included), for the caller to wait
+        on. On an idle stream the first event would complete at once and the interval would
+        hold the host's own launch work, the very thing subtracted from the wall-clock time:
+        a spin kernel queued ahead keeps the stream busy until both events and fn's launch
+        are queued."""
+        torch = self.torch
+        returned = [fn() for _ in range(warmup)]
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            torch.cuda._sleep(DEVICE_TIMING_SLEEP_CYCLES)
+            starts[i].record()
+            returned.append(fn())
+            ends[i].record()
+        torch.cuda.synchronize()
+        return np.array([s.elapsed_time(e) for s, e in zip(starts, ends)]) * 1e3, returned
 
     def release(self) -> None:
         self.torch.cuda.synchronize()
@@ -714,6 +850,134 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
                 fail("torch_graph", "capture/timing/check", exc)
         del case
         torch_env.release()
+    return results, failures, notes
+
+
+def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator, log=print,
+                      backend: str = "cuda",
+                      launch_batch: int = W.LAUNCH_BATCH) -> tuple[list, list, list]:
+    """The call path (W7): each variant timed per call from Python, wall-clock, no L2 flush;
+    (results, failures, notes). ``env`` is a TorchEnv: the megak variants take its GPU tensors
+    in and write ``out=`` tensors, so a call is one launch on torch's current stream.
+    ``backend``, ``launch_batch`` and a stand-in ``env`` exist for the CPU tests."""
+    import megak
+
+    results, failures, notes = [], [], []
+    inputs = w.make_inputs(rng)
+    ref = w.reference(inputs, rng)
+
+    def fail(variant, stage, exc):
+        failures.append({"workload": w.name, "variant": variant,
+                         "error": f"{stage}: {_error(exc)}"})
+        log(f"  {w.name}/{variant}: FAILED {stage}: {_error(exc)}")
+
+    def record(variant, times, err, **extra):
+        r = make_result(w.name, variant, times, w.metric, w.work, check_text(err))
+        r.update(extra)
+        results.append(r)
+        log(f"  {w.name}/{variant}: median {fmt(r['median_us'])} us per call "
+            f"({r['reps']} runs, {r['check']})")
+        return r
+
+    # -- megak_run, megak_launch: one program, the same tensors on every call ----------------
+    megak_variants = ("megak_run", "megak_launch")
+    prog = None
+    stage = "compile"
+    try:
+        prog = megak.compile(w.build(), backend=backend)
+        stage = "tensors"
+        plan = prog.plan
+        tin = env.to_device(inputs)
+        # every output the graph declares goes to a tensor of the caller: nothing is
+        # allocated or copied per call, so repeated calls reuse one checked binding
+        outs = {name: env.empty(plan.output_shapes[name], plan.tensors[slot].dtype)
+                for name, slot in plan.outputs.items()}
+
+        def call():
+            return prog.run(out=outs, **tin)
+
+        def launch():
+            return prog.launch(out=outs, **tin)
+
+        stage = "prog.run before timing"
+        call()
+        w.check(ref, env.fetch_tensors(outs), "megak prog.run")
+        for v in megak_variants:
+            try:
+                reps, warmup = _reps(w, v, quick)
+                env.poison_tensors(outs.values())   # a variant that skips work then fails
+                if v == "megak_run":
+                    times = time_calls(call, reps, warmup)
+                    extra = {}
+                else:
+                    times = time_launch_batches(launch, reps, warmup, launch_batch)
+                    extra = {"calls_per_rep": launch_batch}
+                err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
+                row = record(v, times, err, **extra)
+            except Exception as exc:
+                fail(v, "timing/check", exc)
+                continue
+            if v != "megak_run":
+                continue
+            try:   # the same launch timed on the device: what of the call is the GPU's
+                env.poison_tensors(outs.values())
+                dev, handles = env.device_times(launch, reps, warmup)
+                for h in handles:
+                    h.wait()
+                w.check(ref, env.fetch_tensors(outs), "megak_run (outputs of the device-timed "
+                        "runs)")
+                row.update(call_overhead(row["median_us"], dev))
+                log(f"  {w.name}/megak_run: device median {fmt(row['device_us'])} us, host "
+                    f"overhead per call {fmt(row['host_overhead_us'])} us")
+            except Exception as exc:
+                fail(v, "device time", exc)
+    except Exception as exc:
+        done = {f["variant"] for f in failures} | {r["variant"] for r in results}
+        for v in megak_variants:
+            if v not in done:
+                fail(v, stage, exc)
+    finally:
+        if prog is not None:
+            prog.close()
+
+    # -- torch and torch_graph, each call synchronised ----------------------------------------
+    case = None
+    try:
+        case = w.torch_case(inputs, env.torch, env.device)
+        case.run()
+        env.sync()
+        w.check(ref, env.fetch(case), "torch (before timing)")
+    except Exception as exc:
+        fail("torch", "set-up/check", exc)
+        case = None
+    if case is not None:
+        def eager():
+            case.run()
+            env.sync()
+        try:
+            reps, warmup = _reps(w, "torch", quick)
+            env.poison(case)
+            times = time_calls(eager, reps, warmup)
+            record("torch", times, w.check(ref, env.fetch(case),
+                                           "torch (outputs of the timed runs)"))
+        except Exception as exc:
+            fail("torch", "timing/check", exc)
+        try:
+            reps, warmup = _reps(w, "torch_graph", quick)
+            graph = env.capture(case.run)
+
+            def replay():
+                graph.replay()
+                env.sync()
+            env.poison(case)
+            times = time_calls(replay, reps, warmup)
+            record("torch_graph", times, w.check(ref, env.fetch(case),
+                                                 "torch_graph (outputs of the timed runs)"))
+            del graph
+        except Exception as exc:
+            fail("torch_graph", "capture/timing/check", exc)
+    del case
+    env.release()
     return results, failures, notes
 
 
@@ -875,6 +1139,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if w.kind == "host":
                 r, f, n = run_host_workload(w, args.quick)
+            elif w.kind == "call" and torch_env is None:
+                # the call path takes torch tensors: without torch there is nothing to call
+                why = next(s["reason"] for s in skipped)
+                skipped += [{"workload": w.name, "variant": v, "reason": why}
+                            for v in W.CALL_VARIANTS]
+                print(f"  {w.name}: not measured ({why})", flush=True)
+                r, f, n = [], [], []
+            elif w.kind == "call":
+                r, f, n = run_call_workload(w, args.quick, torch_env, rng)
             else:
                 r, f, n = run_gpu_workload(w, args.quick, torch_env, rng)
         except Exception as exc:   # inputs/reference failed: nothing of it was measured

@@ -29,9 +29,14 @@ random column in every 64, all rows): every 128 x 128 output tile of every instr
 at a small fraction of a float64 8192^3 product.
 
 Host workloads (`HostWorkload`, W6) time host code (lowering, NVRTC) and check its product.
+
+Call-path workloads (W7, ``kind="call"``) are GPU workloads of the same shape (a W1 copy, the
+W2-1024x16-bf16 chain, with their references and checks) that report.run_call_workload times
+per call from Python, wall-clock: what one call of a small graph costs its caller.
 """
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -238,7 +243,7 @@ class Workload:
     reps: dict = field(default_factory=dict)   # variant -> (reps, warmup)
     plan_check: Callable[[Any], str] | None = None   # raises if the plan does not measure
     #                                                  what the workload claims; returns a note
-    kind: str = "gpu"
+    kind: str = "gpu"                 # "gpu" (run_gpu_workload) | "call" (run_call_workload)
 
 
 @dataclass
@@ -626,6 +631,49 @@ def w6_compile_cached() -> HostWorkload:
         teardown=lambda st: shutil.rmtree(st.dir, ignore_errors=True), reps=(20, 2))
 
 
+# W7 (call path) -----------------------------------------------------------------------------
+
+#: launches the megak_launch variant enqueues back to back before its one wait (its figure is
+#: the batch's wall time / LAUNCH_BATCH)
+LAUNCH_BATCH = 1000
+
+#: the call-path variants, in table order (report.run_call_workload)
+CALL_VARIANTS = ("megak_run", "megak_launch", "torch", "torch_graph")
+
+# (timed reps, warm-up) per variant; megak_launch counts batches of LAUNCH_BATCH launches
+_CALL_REPS = {"megak_run": (1000, 100), "megak_launch": (20, 2), "torch": (1000, 100),
+              "torch_graph": (1000, 100)}
+
+_CALL_HOW = ("torch tensors on the GPU in, out= for every output the graph declares; "
+             "wall-clock per call from Python (perf_counter_ns), no L2 flush")
+
+
+def _call_workload(base: Workload, name: str, description: str) -> Workload:
+    """`base`'s graph, inputs, reference, check and torch calls, timed per call (kind "call").
+    The metric is a time per call whatever base counted; its plan check is about the device
+    schedule, which the call path does not measure."""
+    return dataclasses.replace(base, name=name, description=description, metric="us",
+                               work=0.0, reps=dict(_CALL_REPS), plan_check=None, kind="call")
+
+
+def w7_call_copy(cols: int = 32) -> Workload:
+    name = "W7-call-copy" if cols == 32 else f"W7-call-copy-{cols}"
+    return _call_workload(
+        w1(n_ops=1, cols=cols), name,
+        f"call path: one copy of a (1, {cols}) fp32 tensor (g.copy(x)), {_CALL_HOW}: what "
+        f"a call costs when the GPU has next to nothing to do")
+
+
+def w7_call_mlp(hidden: int = 1024, layers: int = 16, batch: int = 16) -> Workload:
+    name = ("W7-call-mlp1024" if (hidden, layers, batch) == (1024, 16, 16)
+            else f"W7-call-mlp{hidden}x{layers}")
+    return _call_workload(
+        w2(hidden, layers, batch, dtype="bfloat16"), name,
+        f"call path: the W2-{hidden}x{layers}-bf16 chain (x ({batch}, {hidden}) bf16, "
+        f"x = x @ W_i for {layers} layers, every layer's result an output, checked layer by "
+        f"layer), {_CALL_HOW}")
+
+
 # ---- registry --------------------------------------------------------------------------------
 
 #: every workload of a full report, in run order (names as in TARGETS and the issues)
@@ -644,21 +692,31 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
     "W6-lower-100k": w6_lower,
     "W6-compile-cold": w6_compile_cold,
     "W6-compile-cached": w6_compile_cached,
+    "W7-call-copy": w7_call_copy,
+    "W7-call-mlp1024": w7_call_mlp,
 }
 
 #: the smaller workloads a --quick smoke run measures
-QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached")
+QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached",
+         "W7-call-copy")
 
-VARIANTS = ("megak", "megak_trace", "separate", "graph", "torch", "torch_graph")
+VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "separate", "graph", "torch",
+            "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
+    "megak_run": "call path (W7): prog.run(out=..., **tensors) per call, launch + wait, "
+                 "wall-clock from Python; the figure the W7 rows compare with",
+    "megak_launch": f"call path (W7): {LAUNCH_BATCH:,} prog.launch(...) back to back, one "
+                    f"wait() on the last; batch wall-clock / {LAUNCH_BATCH:,} per call",
     "separate": "one kernel launch per graph op, same device op code (entry megak_op), "
                 "stream order as the dependency (Bench.time_separate)",
     "graph": "the separate launches captured once in a CUDA graph and replayed "
              "(Bench.time_separate(graph=True))",
-    "torch": "torch eager (cuBLAS for GEMMs, TF32 off), into preallocated outputs",
-    "torch_graph": "the same torch calls captured in a torch.cuda.CUDAGraph and replayed",
+    "torch": "torch eager (cuBLAS for GEMMs, TF32 off), into preallocated outputs (W7: + "
+             "torch.cuda.synchronize() per call, wall-clock)",
+    "torch_graph": "the same torch calls captured in a torch.cuda.CUDAGraph and replayed (W7: "
+                   "replay() + torch.cuda.synchronize() per call, wall-clock)",
 }
 
 

@@ -93,6 +93,8 @@ def numpy_dtype(ctype: str) -> np.dtype:
         ft = field.type
         if ft.kind == "array":
             formats.append((_NUMPY_SCALARS[ft.item.cname], ft.length))
+        elif ft.kind == "struct":
+            formats.append(numpy_dtype(ft.cname))
         else:
             formats.append(_NUMPY_SCALARS[ft.cname])
         names.append(name)
@@ -106,6 +108,8 @@ TENSOR_DTYPE = numpy_dtype("mk_tensor")
 STATUS_DTYPE = numpy_dtype("mk_status")
 SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
 PARAMS_DTYPE = numpy_dtype("mk_params")
+RUN_STATE_DTYPE = numpy_dtype("mk_run_state")
+HOST_VIEW_DTYPE = numpy_dtype("mk_host_view")
 TRACE_DTYPE = numpy_dtype("mk_trace_event")
 
 if INSTR_DTYPE.itemsize != INSTR_BYTES:  # the header contradicts itself: refuse to run
@@ -154,7 +158,7 @@ def layout_asserts() -> str:
     f = ffi()
     lines = ['#include "instr.h"']
     for ctype in ("mk_instr", "mk_tensor", "mk_sm_state", "mk_status", "mk_params",
-                  "mk_trace_event"):
+                  "mk_trace_event", "mk_run_state", "mk_host_view"):
         t = f.typeof(ctype)
         lines.append(f'static_assert(sizeof({ctype}) == {f.sizeof(t)}, "sizeof {ctype}");')
         for name, field in t.fields:

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import abi, interop, pages, scheduler
 from .dtypes import numpy_dtype
-from .errors import GraphError
+from .errors import GraphError, MegakernelError
 from .graph import Graph
 from .options import backend_options, check_count
 from .plan import Plan
@@ -22,6 +23,7 @@ BACKENDS = ("sim", "cuda")
 DEFAULT_SIM_SMS = 132  # an H200's SM count, so the simulator runs the GPU's queue shapes
 # kinds of caller arrays a result can be copied into once the run is over
 _COPY_TARGETS = ("numpy", "torch", "cupy")
+_MAX_CALLS = 64     # checked descriptions of recent calls kept per program
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -107,6 +109,8 @@ class Program:
         self.backend = backend
         self.stats = Stats(scheduler.stats(plan))
         self.last_trace: Trace | None = None
+        self._calls: OrderedDict = OrderedDict()   # call key -> checked _Call (GPU tensors)
+        self._sim_failed: list[Handle] = []         # simulator runs whose error is unreported
         executor_keywords = dataclasses.asdict(self.options)
         if backend == "sim":
             from .sim import SimExecutor
@@ -115,22 +119,28 @@ class Program:
             from .runtime.executor import CudaExecutor
             self._executor = CudaExecutor(plan, **executor_keywords)
 
-    def run(self, *, trace: bool = False, out: dict | None = None, **inputs) -> dict:
-        """Run the program once; return a dict of output name -> array.
+    def run(self, *, trace: bool = False, out: dict | None = None, stream=None,
+            **inputs) -> dict:
+        """Run the program once and wait for it; return a dict of output name -> array.
 
         inputs: every graph input by name, and nothing else, each with the input's shape and
             dtype exactly (megak never casts). numpy arrays are copied to the device (on the
             GPU through pinned staging, non-contiguous ones made contiguous first) and never
             modified. torch and cupy tensors, and other objects with ``__dlpack__`` /
             ``__cuda_array_interface__``, that live on the GPU are read in place by the
-            "cuda" backend (zero-copy, once the work their library has queued is done;
-            row-major with unit column stride, rows may be padded); the simulator copies
-            them to the host.
+            "cuda" backend (zero-copy; row-major with unit column stride, rows may be
+            padded); the simulator copies them to the host.
         out: a dict of output name -> array to write that output into, with the output's
             shape and dtype, writable, no two sharing memory: a numpy array or a torch /
             cupy tensor (the "cuda" backend writes GPU ones in place, and their rows may be
             padded; other GPU arrays only there). The returned dict holds that same object.
             Outputs not named get new arrays.
+        stream: the CUDA stream to run on (anything with ``__cuda_stream__``, a torch or
+            cupy stream, an int handle). By default torch's current stream when torch
+            tensors are passed, cupy's for cupy arrays, else megak's own. The run is ordered
+            after the work already queued on that stream, like any CUDA library call: inputs
+            produced on another stream must be ready (or that stream synchronised) first.
+            The simulator accepts and ignores it.
         trace: keep this run's per-instruction timeline in ``self.last_trace`` (a
             `megak.Trace`); on the GPU a separately compiled variant runs, so untraced runs
             pay nothing. An untraced run leaves ``last_trace`` as it was.
@@ -141,8 +151,78 @@ class Program:
 
         Raises GraphError, before anything runs or is written, for missing or unknown
         inputs, a wrong shape, dtype, device or layout, or a bad ``out``; MegakernelError
-        (MegakernelHang for a wait that never ends) when the run itself fails.
+        (MegakernelHang for a wait that never ends) when this run, or an earlier launch
+        whose error was not yet reported, failed.
         """
+        return self.launch(out=out, stream=stream, _trace=trace, **inputs).wait()
+
+    def launch(self, *, out: dict | None = None, stream=None, _trace: bool = False,
+               **inputs) -> "Handle":
+        """Enqueue one run and return at once with its `Handle` (``h.wait()`` gives what
+        ``run`` returns; ``h.done()`` polls). Arguments as for ``run``.
+
+        With GPU tensors only (inputs and ``out=``), a launch is one kernel launch on the
+        stream, nothing else: it can be captured in a CUDA graph (``torch.cuda.graph``,
+        cupy or cuda.core capture), and a replay runs the program again on the same tensors.
+        A run that fails raises from its ``wait()``, or, if never waited on, from the next
+        ``launch`` / ``run`` / ``check`` of this program: an error is never lost, and the
+        outputs of a failed run are never returned as valid. The simulator runs the program
+        at launch (in launch order) and reports its errors the same way.
+        """
+        h = None if stream is None else interop.stream_handle(stream)
+        key = self._call_key(inputs, out) if not _trace else None
+        call = self._calls.get(key) if key is not None else None
+        if call is not None and call.binding is not None and call.binding.live:
+            # the fast path: these exact GPU tensors were checked and bound before
+            if h is None:
+                h = interop.current_stream(call.kind, self._executor.ordinal)
+            ticket = self._executor.launch_bound(call.binding, h)
+            return Handle(self, call, ticket, False, out, inputs)
+        call = self._describe(inputs, out)
+        if self.backend == "sim":
+            return self._launch_sim(call, _trace, out)
+        if h is None and call.kind in ("torch", "cupy") and call.on_gpu:
+            h = interop.current_stream(call.kind, self._executor.ordinal)
+        ticket = self._executor.launch(call.arrays, call.slots, external=call.external,
+                                       stream=h, trace=_trace)
+        if key is not None and call.cacheable:
+            call.binding = self._executor.last_binding
+            self._calls[key] = call
+            if len(self._calls) > _MAX_CALLS:
+                self._calls.popitem(last=False)
+        return Handle(self, call, ticket, _trace, out, inputs)
+
+    def check(self) -> None:
+        """Raise the error of a run that failed and was not reported yet (launches never
+        waited on, CUDA graph replays); does nothing otherwise. It does not wait: after graph
+        replays, synchronise their stream first."""
+        if self.backend == "sim":
+            self._raise_sim_pending()
+        else:
+            self._executor.check()
+
+    # -- the call path ----------------------------------------------------------------------
+    def _call_key(self, inputs: dict, out):
+        """The identity of every array of the call (name, address, shape, strides, dtype,
+        device of each torch GPU tensor), or None when one has none this cheap (numpy
+        arrays, host tensors, other libraries: those are described every call). The same
+        key means the same checked binding."""
+        if self.backend != "cuda" or not isinstance(out, dict):
+            return None
+        tensor = interop.torch_tensor_type()
+        if tensor is None:
+            return None
+        parts = []
+        for group in (inputs, out):
+            for name, t in group.items():
+                if type(t) is not tensor or not t.is_cuda:
+                    return None
+                parts.append((name, t.data_ptr(), t.shape, t.stride(), t.dtype,
+                              t.get_device()))
+            parts.append(None)       # inputs | outputs
+        return tuple(parts)
+
+    def _describe(self, inputs: dict, out) -> "_Call":
         plan = self.plan
         missing = sorted(set(plan.inputs) - set(inputs))
         unknown = sorted(set(inputs) - set(plan.inputs))
@@ -162,7 +242,6 @@ class Program:
                 on_gpu = True
                 interop.check_device_array(desc, name, shape, dtype, device)
                 if self.backend == "cuda":
-                    interop.synchronize_producer(desc)
                     external[slot.slot] = desc
                     continue
                 desc = interop.to_host(desc)
@@ -170,36 +249,61 @@ class Program:
         kind = "torch" if "torch" in kinds else "cupy" if "cupy" in kinds else "numpy"
 
         # outputs written in place: caller-provided ones, and new ones of the inputs' kind
-        results: dict[str, object] = {}
+        in_place: dict[str, tuple] = {}     # output name -> ("out", None) or ("new", array)
         for name, slot in plan.outputs.items():
             target = targets.get(name)
             if target is not None:
                 if isinstance(target, interop.DeviceArray) and self._writes_in_place(name):
                     external[slot] = target
-                    results[name] = out[name]
+                    in_place[name] = ("out", None)
             elif self._writes_in_place(name) and on_gpu and kind in ("torch", "cupy"):
                 like = next(iter(external.values()), None)
                 new = interop.empty(kind, like, plan.output_shapes[name],
                                     plan.tensors[slot].dtype)
                 external[slot] = interop.describe(new)
-                results[name] = new
-
+                in_place[name] = ("new", new)
         slots = sorted({s for s in plan.outputs.values() if s not in external})
-        if trace:
-            host = self._executor.run(arrays, slots, trace=True, **self._ext(external))
-            self.last_trace = self._make_trace(self._executor.last_trace_events)
-        else:
-            host = self._executor.run(arrays, slots, **self._ext(external))
+        return _Call(arrays, external, slots, kind, on_gpu, targets, in_place)
+
+    def _finish(self, call: "_Call", host: dict, out) -> dict:
+        """The caller's results from a finished run: in-place outputs as given or made, the
+        rest from the host copies."""
+        plan = self.plan
+        results: dict[str, object] = {}
         for name, slot in plan.outputs.items():
-            if name in results:
+            how, new = call.in_place.get(name, (None, None))
+            if how == "out":
+                results[name] = out[name]
+                continue
+            if how == "new":
+                results[name] = new
                 continue
             value = host[slot].reshape(plan.output_shapes[name]).copy()
-            if name in targets:
+            if name in call.targets:
                 _copy_into(out[name], value)
                 results[name] = out[name]
             else:
-                results[name] = interop.to_kind(kind, value, on_gpu)
+                results[name] = interop.to_kind(call.kind, value, call.on_gpu)
         return results
+
+    def _launch_sim(self, call: "_Call", trace: bool, out) -> "Handle":
+        """The simulator runs at launch; a failure waits for wait() or the next call."""
+        self._raise_sim_pending()
+        handle = Handle(self, call, None, trace, out, None)
+        try:
+            handle._host = self._executor.run(call.arrays, call.slots, trace=trace)
+        except MegakernelError as exc:
+            handle._error = exc
+            self._sim_failed.append(handle)
+        if trace and handle._error is None:
+            self.last_trace = self._make_trace(self._executor.last_trace_events)
+        return handle
+
+    def _raise_sim_pending(self) -> None:
+        if self._sim_failed:
+            handle = self._sim_failed.pop(0)
+            handle._reported = True
+            raise handle._error
 
     def _writes_in_place(self, name: str) -> bool:
         """Whether the megakernel can write output `name` straight into a GPU array: only
@@ -255,9 +359,6 @@ class Program:
                                      f"given overlapping memory; each needs its own array")
         return targets
 
-    def _ext(self, external: dict) -> dict:
-        return {"external": external} if external else {}
-
     def _host_input(self, name, value, shape, dtype, slot) -> np.ndarray:
         if value.dtype != numpy_dtype(dtype):
             raise GraphError(f"input {name!r}: expected dtype {dtype}, got {value.dtype} "
@@ -291,6 +392,80 @@ class Program:
         """Close the program when the ``with`` block ends; an exception from the block
         still propagates."""
         self.close()
+
+
+@dataclasses.dataclass
+class _Call:
+    """One call's checked description: numpy inputs (slot -> array), caller GPU memory
+    (slot -> DeviceArray), the slots read back to the host, the kind of new outputs, the
+    out= targets, and which outputs are written in place (the caller's, or new arrays)."""
+    arrays: dict
+    external: dict
+    slots: list
+    kind: str
+    on_gpu: bool
+    targets: dict
+    in_place: dict
+    binding: object = None      # the executor's tensor table for these tensors, once bound
+
+    @property
+    def cacheable(self) -> bool:
+        """Only calls that allocate nothing and copy nothing are reused."""
+        return not self.arrays and not self.slots and \
+            all(how == "out" for how, _ in self.in_place.values())
+
+
+class Handle:
+    """A launched run (`Program.launch`). ``wait()`` returns what ``Program.run`` returns,
+    or raises that run's error; ``done()`` says, without waiting, whether it has finished.
+    Holds the run's arrays until it is waited on."""
+
+    __slots__ = ("_program", "_call", "_out", "_inputs", "_ticket", "_trace", "_host",
+                 "_error", "_reported", "_result")
+
+    def __init__(self, program: Program, call: _Call, ticket: int | None, trace: bool, out,
+                 inputs):
+        self._program = program
+        self._call = call
+        self._out = out             # the caller's arrays, kept alive until the run is waited
+        self._inputs = inputs       # on (another stream may reuse freed memory at once)
+        self._ticket = ticket
+        self._trace = trace
+        self._host = None           # the simulator's results
+        self._error = None          # the simulator's failure
+        self._reported = False
+        self._result = None
+
+    def done(self) -> bool:
+        if self._ticket is None or self._result is not None:
+            return True
+        return self._program._executor.done(self._ticket)
+
+    def wait(self) -> dict:
+        """Wait for the run; return output name -> array (the same dict on every call)."""
+        if self._result is not None:
+            return self._result
+        if self._error is not None and self._ticket is not None:
+            raise self._error
+        prog = self._program
+        if self._ticket is None:                       # simulator: it ran at launch
+            if self._error is not None:
+                if not self._reported:
+                    prog._sim_failed.remove(self)
+                    self._reported = True
+                raise self._error
+            host = self._host
+        else:
+            try:
+                host = prog._executor.wait(self._ticket)
+            except MegakernelError as exc:
+                self._error = exc        # a second wait() raises it again
+                raise
+            if self._trace:
+                prog.last_trace = prog._make_trace(prog._executor.last_trace_events)
+        self._result = prog._finish(self._call, host, self._out)
+        self._inputs = None
+        return self._result
 
 
 def _same_memory(first, first_desc, second, second_desc) -> bool:

@@ -1,6 +1,7 @@
 """The pure parts of the benchmark report and the memory audit (no GPU): metric values, ratios,
 targets, the JSON schema, markdown, the chart, ncu CSV parsing; and the workloads' builders and
-correctness checks, run on the simulator at small sizes. Nothing here times anything."""
+correctness checks, run on the simulator at small sizes (the call path, W7, with numpy arrays
+standing in for torch tensors). Timing helpers run on fake clocks; no measured time is judged."""
 import json
 
 import numpy as np
@@ -108,15 +109,18 @@ def test_registry_names():
     assert list(W.FACTORIES) == ["W1", "W2-1024x16-fp32", "W2-4096x8-fp32", "W3-4096-fp32",
                                  "W3-8192-fp32", "W2-1024x16-bf16", "W2-4096x8-bf16",
                                  "W2-8192x8-bf16", "W3-8192-bf16", "W4-16384-fp32", "W5-1GiB",
-                                 "W6-lower-100k", "W6-compile-cold", "W6-compile-cached"]
+                                 "W6-lower-100k", "W6-compile-cold", "W6-compile-cached",
+                                 "W7-call-copy", "W7-call-mlp1024"]
     assert W.NOT_YET_AVAILABLE == {}
     assert set(W.QUICK) <= set(W.FACTORIES)
     assert "W3-8192-fp32" not in W.QUICK and "W5-1GiB" not in W.QUICK
     for name in ("W2-1024x16-fp32", "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
         w = W.get(name)   # builders only: nothing allocated until make_inputs
         assert w.name == name and w.metric in R.METRICS
-        # megak_trace (the traced build, W2 only) falls back to megak's rep counts
-        assert set(w.reps) | {"megak_trace"} == set(W.VARIANTS)
+        # megak_trace (the traced build, W2 only) falls back to megak's rep counts; the
+        # call-path variants are W7's own
+        assert set(w.reps) | {"megak_trace"} == set(W.VARIANTS) - set(W.CALL_VARIANTS) | {
+            "torch", "torch_graph"}
     with pytest.raises(KeyError, match="known"):
         W.get("W9")
 
@@ -177,7 +181,8 @@ def test_markdown(doc):
         assert f"### {name}" in md
     w1 = md.split("### W1")[1].split("###")[0]
     for v in W.VARIANTS:
-        if v != "megak_trace":   # timed on the W2 chains only
+        # megak_trace: timed on the W2 chains only; megak_run / megak_launch: W7 only
+        if v not in ("megak_trace", "megak_run", "megak_launch"):
             assert f"| {v} |" in w1
     # W1: 0.7 us/op meets <= 0.8; megak vs best other (graph, 1000 us) = 1.43x
     assert "| megak | 3 | 700.0 | 0.700 | 1.00x | 1.43x | exact | <= 0.8 us/op: **met** |" in md
@@ -679,3 +684,345 @@ def test_markdown_bubbles_and_baseline(doc, tmp_path):
     w1_row = next(line for line in md.splitlines() if line.startswith("| W1 |"))
     assert w1_row.rstrip().endswith("| 1.490 us/op |"), w1_row
     R.validate_doc(doc)   # the extra keys keep the schema valid
+
+
+# ---- the call path (W7) ---------------------------------------------------------------------
+
+def test_w7_workloads_are_registered_and_described():
+    copy, mlp = W.get("W7-call-copy"), W.get("W7-call-mlp1024")
+    for w in (copy, mlp):
+        assert w.kind == "call" and w.metric == "us" and w.work == 0.0
+        assert w.plan_check is None and set(w.reps) == set(W.CALL_VARIANTS)
+        assert "no L2 flush" in w.description and "out=" in w.description
+        assert "perf_counter_ns" in w.description
+    assert "W7-call-copy" in W.QUICK and "W7-call-mlp1024" not in W.QUICK
+    assert set(W.CALL_VARIANTS) <= set(W.VARIANTS) <= set(W.VARIANT_DESCRIPTIONS) | {
+        "megak_trace"}
+    # one copy of a (1, 32) fp32 tensor
+    g = copy.build()
+    assert [op.kind for op in g.ops] == ["copy"]
+    assert g.inputs["x"].shape == (1, 32) and g.inputs["x"].dtype == "float32"
+    assert list(g.outputs) == ["y"] and "(1, 32) fp32" in copy.description
+    # the W2-1024x16-bf16 chain, from its builder: same inputs, same 16 outputs
+    g, g2 = mlp.build(), W.get("W2-1024x16-bf16").build()
+    assert [(n, t.shape, t.dtype) for n, t in g.inputs.items()] == \
+        [(n, t.shape, t.dtype) for n, t in g2.inputs.items()]
+    assert g.inputs["x"].shape == (16, 1024) and g.inputs["x"].dtype == "bfloat16"
+    assert list(g.outputs) == list(g2.outputs) and len(g.outputs) == 16
+    assert [op.kind for op in g.ops] == ["gemm"] * 16
+    assert "W2-1024x16-bf16 chain" in mlp.description and "16 layers" in mlp.description
+    # its description renders in RESULTS.md as every workload's does
+    res = [result("W7-call-copy", "megak_run", 12.0)]
+    md = R.render_markdown({"machine": {"gpu": "G"}, "date": "2026-11-29", "results": res,
+                            "descriptions": {"W7-call-copy": copy.description}})
+    assert f"### W7-call-copy\n\n{copy.description}\n" in md
+    assert "**megak_run**: call path (W7)" in md and "**megak_launch**: call path" in md
+
+
+class FakeClock:
+    """perf_counter_ns stand-in: each reading advances by the next step (ns) and is logged."""
+
+    def __init__(self, steps, log=None):
+        self.steps, self.now, self.log = iter(steps), 0, log
+
+    def __call__(self):
+        self.now += next(self.steps)
+        if self.log is not None:
+            self.log.append("T")
+        return self.now
+
+
+def test_time_calls_is_per_call_wall_clock():
+    calls = []
+    # two warm-up calls (no clock), then three timed ones: 5, 7 and 6 us
+    clock = FakeClock([100, 5000, 7, 7000, 50, 6000])
+    us = R.time_calls(lambda: calls.append(1), reps=3, warmup=2, clock=clock)
+    assert us.tolist() == [5.0, 7.0, 6.0] and len(calls) == 5
+    r = R.make_result("W7-call-copy", "megak_run", us, "us", 0.0, "exact")
+    assert r["median_us"] == 6.0 and r["value"] == 6.0 and r["reps"] == 3
+
+
+def test_time_launch_batches_is_total_over_calls_and_waits_every_handle():
+    events = []
+
+    class Handle:
+        def __init__(self, i, fails=False):
+            self.i, self.fails, self.waits = i, fails, 0
+
+        def wait(self):
+            self.waits += 1
+            events.append(f"W{self.i}")
+            if self.fails:
+                raise megak.MegakernelError(f"run {self.i} failed")
+            return {}
+
+    made = []
+
+    def launch():
+        events.append("L")
+        made.append(Handle(len(made) % 4))
+        return made[-1]
+
+    # batches of 4 launches: 4 us (warm-up), then 8 us and 12 us in all
+    clock = FakeClock([1, 4000, 1, 8000, 1, 12000], events)
+    us = R.time_launch_batches(launch, reps=2, warmup=1, calls=4, clock=clock)
+    assert us.tolist() == [2.0, 3.0]
+    # timed: the launches and the one wait on the last; then, untimed, every handle
+    assert events[:11] == ["T", "L", "L", "L", "L", "W3", "T", "W0", "W1", "W2", "W3"]
+    assert len(made) == 12 and all(h.waits >= 1 for h in made)
+    # a failed launch that is not the last is still reported
+    made.clear()
+
+    def launch_one_fails():
+        made.append(Handle(len(made), fails=len(made) == 1))
+        return made[-1]
+    with pytest.raises(megak.MegakernelError, match="run 1 failed"):
+        R.time_launch_batches(launch_one_fails, reps=1, warmup=0, calls=3,
+                              clock=FakeClock([1, 1]))
+
+
+def test_call_overhead_is_wall_minus_device_median():
+    o = R.call_overhead(12.0, [4.0, 5.0, 100.0])
+    assert o == {"device_us": 5.0, "device_reps": 3, "host_overhead_us": 7.0}
+    with pytest.raises(ValueError, match="no device times"):
+        R.call_overhead(12.0, [])
+
+
+@pytest.fixture
+def w7_doc(doc):
+    res = [dict(result("W7-call-copy", "megak_run", 12.0), **R.call_overhead(12.0, [5.0])),
+           dict(result("W7-call-copy", "megak_launch", 4.0), calls_per_rep=1000),
+           result("W7-call-copy", "torch", 20.0), result("W7-call-copy", "torch_graph", 10.0),
+           dict(result("W7-call-mlp1024", "megak_run", 130.0),
+                **R.call_overhead(130.0, [110.0])),
+           result("W7-call-mlp1024", "torch_graph", 100.0)]
+    doc["results"] += res
+    doc["descriptions"]["W7-call-copy"] = "one copy per call"
+    return doc
+
+
+def test_speeds_on_the_call_path_compare_with_megak_run(w7_doc):
+    variants = R.by_workload(w7_doc["results"])["W7-call-copy"]
+    sp = R.speeds(variants)
+    assert R.reference_variant(variants) == "megak_run"
+    assert sp["megak_launch"]["vs_megak"] == pytest.approx(3.0)
+    assert sp["torch"]["vs_megak"] == pytest.approx(0.6)
+    # megak_launch is megak itself: the best other is torch_graph
+    assert sp["megak_run"]["best_other"] == "torch_graph"
+    assert sp["megak_run"]["vs_best_other"] == pytest.approx(10 / 12)
+    assert R.judged_variant("W7-call-copy") == "megak_run" and R.judged_variant("W1") == "megak"
+
+
+def test_w7_target():
+    t = R.TARGETS["W7-call-copy"]
+    assert (t.metric, t.op, t.value, t.variant) == ("us", "<=", 15.0, "megak_run")
+    assert t.text() == "<= 15 us" and t.gap(12.0) == "met"
+    assert t.gap(20.0) == "missed by 5 us (33%)"
+    # no resident mode yet: its targets are not in the table
+    assert not any("resident" in name for name in R.TARGETS)
+
+
+def test_markdown_renders_the_host_overhead_of_the_call_path(w7_doc, tmp_path):
+    path = tmp_path / "r.json"
+    R.write_json(w7_doc, path)                    # the extra keys keep the schema valid
+    back = json.loads(path.read_text())
+    row = next(r for r in back["results"]
+               if (r["workload"], r["variant"]) == ("W7-call-copy", "megak_run"))
+    assert (row["device_us"], row["host_overhead_us"], row["device_reps"]) == (5.0, 7.0, 1)
+    md = R.render_markdown(back)
+    w7 = md.split("### W7-call-copy")[1].split("###")[0]
+    assert "| check | target | device (us) | host overhead per call (us) |" in w7
+    assert ("| megak_run | 3 | 12.00 | 12.00 | 1.00x | 0.83x | exact | <= 15 us: **met** "
+            "| 5.000 | 7.000 |") in w7
+    assert "| megak_launch | 3 x 1,000 | 4.000 | 4.000 | 3.00x | 2.50x | exact |  | | |" in w7
+    assert "| torch | 3 | 20.00 | 20.00 | 0.60x | 0.50x | exact |  | | |" in w7
+    assert "wall-clock median 12.00 us - device median 5.000 us = **7.000 us**" in w7
+    mlp = md.split("### W7-call-mlp1024")[1].split("###")[0]
+    assert "| 110.0 | 20.00 |" in mlp and "= **20.00 us**" in mlp
+    # the targets table judges megak_run, against the best non-megak variant
+    summary = md.split("## Targets")[1].split("##")[0]
+    assert ("| W7-call-copy | <= 15 us | 12.00 us (megak_run) | **met** | torch_graph: "
+            "10.00 us | 0.83x |") in summary
+    # the other workloads' tables keep their columns
+    w1 = md.split("### W1")[1].split("###")[0]
+    assert "host overhead" not in w1
+    assert "perf_counter_ns around each call" in md
+
+
+def test_chart_and_baseline_with_the_call_path(w7_doc, tmp_path):
+    old = dict(w7_doc, results=[result("W7-call-copy", "megak_run", 30.0),
+                                result("W7-call-copy", "megak_launch", 9.0)])
+    path = tmp_path / "old.json"
+    R.write_json(old, path)
+    assert R.load_baseline(path)["megak"] == {"W7-call-copy": 30.0}
+    w7_doc["baseline"] = R.load_baseline(path, "before the call path")
+    row = next(line for line in R.render_markdown(w7_doc).splitlines()
+               if line.startswith("| W7-call-copy |"))
+    assert row.rstrip().endswith("| 30.00 us |"), row
+    pytest.importorskip("matplotlib")
+    assert R.write_chart(w7_doc, tmp_path / "c.png")
+
+
+# the call path on the simulator, with numpy arrays standing in for torch tensors
+
+class NumpyEnv:
+    """TorchEnv's interface over numpy arrays, for the simulator: synchronising does nothing,
+    a captured graph replays the function, device times are ``device_us``. ``lazy`` replaces
+    what a broken part would skip: "replay" (the graph runs nothing), "device" (the
+    device-timed launches never run)."""
+    torch, device = None, "cpu"
+
+    def __init__(self, lazy=(), device_us=4.0):
+        self.lazy, self.device_us, self.released = lazy, device_us, False
+
+    def to_device(self, inputs):
+        return {k: v.copy() for k, v in inputs.items()}
+
+    def empty(self, shape, dtype):
+        from megak.dtypes import numpy_dtype
+        return np.empty(shape, dtype=numpy_dtype(dtype))
+
+    def poison_tensors(self, tensors):
+        for t in tensors:
+            t[...] = np.nan
+
+    def poison(self, case):
+        self.poison_tensors(case.buffers)
+
+    def fetch_tensors(self, tensors):
+        return {k: v.copy() for k, v in tensors.items()}
+
+    def fetch(self, case):
+        return self.fetch_tensors(case.outputs)
+
+    def sync(self):
+        pass
+
+    def capture(self, fn):
+        import types
+        return types.SimpleNamespace(replay=(lambda: None) if "replay" in self.lazy else fn)
+
+    def device_times(self, fn, reps, warmup):
+        returned = [] if "device" in self.lazy else [fn() for _ in range(warmup + reps)]
+        return np.full(reps, self.device_us), returned
+
+    def release(self):
+        self.released = True
+
+
+def numpy_case(inputs, torch, device):
+    """The torch calls of a chain workload (W1 copies, W2 GEMMs), in numpy."""
+    names = ["y"] if "w0" not in inputs else \
+        [f"h{i}" for i in range(len(inputs) - 2)] + ["y"]
+    outs = {n: np.empty((inputs["x"].shape[0], inputs.get("w0", inputs["x"]).shape[1]),
+                        inputs["x"].dtype) for n in names}
+
+    def run():
+        src = inputs["x"]
+        for i, n in enumerate(names):
+            if "w0" in inputs:
+                w = inputs[f"w{i}"].astype(np.float32)
+                outs[n][...] = (src.astype(np.float32) @ w).astype(src.dtype)
+            else:
+                outs[n][...] = src
+            src = outs[n]
+    return W.TorchCase(run, outs, list(outs.values()))
+
+
+def call_flow(w, env, rng, monkeypatch, launch_batch=5):
+    monkeypatch.setattr(w, "torch_case", numpy_case)
+    return R.run_call_workload(w, quick=True, env=env, rng=rng, log=lambda *a: None,
+                               backend="sim", launch_batch=launch_batch)
+
+
+@pytest.mark.parametrize("factory", [W.w7_call_copy, lambda: W.w7_call_mlp(64, 2)],
+                         ids=["copy", "mlp-bf16"])
+def test_call_flow_times_and_checks_every_variant(rng, monkeypatch, factory):
+    w = factory()
+    env = NumpyEnv()
+    res, fails, notes = call_flow(w, env, rng, monkeypatch)
+    assert fails == [] and notes == [] and env.released
+    by = {r["variant"]: r for r in res}
+    assert list(by) == list(W.CALL_VARIANTS)
+    exact = w.name == "W7-call-copy"
+    for r in res:
+        assert r["reps"] == R.QUICK_REPS[0] and r["metric"] == "us"
+        assert r["value"] == r["median_us"] > 0
+        assert (r["check"] == "exact") == exact, r["check"]
+    assert by["megak_launch"]["calls_per_rep"] == 5
+    run = by["megak_run"]
+    assert run["device_us"] == 4.0 and run["device_reps"] == R.QUICK_REPS[0]
+    assert run["host_overhead_us"] == pytest.approx(run["median_us"] - 4.0)
+    assert all("host_overhead_us" not in by[v] for v in ("megak_launch", "torch",
+                                                         "torch_graph"))
+    R.validate_doc({"machine": {"gpu": "sim"}, "date": "2026-11-29", "results": res})
+    assert "host overhead per call" in "\n".join(R.render_workload(w.name, by))
+
+
+def test_call_flow_never_reports_work_that_was_skipped(rng, monkeypatch):
+    w = W.w7_call_copy()
+    res, fails, _ = call_flow(w, NumpyEnv(lazy=("replay", "device")), rng, monkeypatch)
+    assert [r["variant"] for r in res] == ["megak_run", "megak_launch", "torch"]
+    # the device-timed launches never ran: no host overhead is claimed from them
+    assert "host_overhead_us" not in res[0]
+    errors = {f["variant"]: f["error"] for f in fails}
+    assert set(errors) == {"megak_run", "torch_graph"}
+    assert errors["megak_run"].startswith("device time: CheckError")
+    assert "not exact" in errors["torch_graph"]
+
+
+def test_call_flow_times_no_megak_variant_when_its_run_is_wrong(rng, monkeypatch):
+    w = W.w7_call_copy()
+    real = w.check
+
+    def check(ref, out, what):
+        if what == "megak prog.run":
+            raise W.CheckError("wrong")
+        return real(ref, out, what)
+    monkeypatch.setattr(w, "check", check)
+    res, fails, _ = call_flow(w, NumpyEnv(), rng, monkeypatch)
+    assert [r["variant"] for r in res] == ["torch", "torch_graph"]
+    assert fails == [{"workload": w.name, "variant": v,
+                      "error": "prog.run before timing: CheckError: wrong"}
+                     for v in ("megak_run", "megak_launch")]
+
+
+def test_main_runs_the_call_path_and_skips_it_without_torch(monkeypatch, tmp_path, capsys):
+    import functools
+
+    import megak.runtime.driver as driver
+    monkeypatch.setattr(driver, "gpu_usable", lambda: True)
+    monkeypatch.setattr(R, "machine_info", lambda torch_env=None: {"gpu": "Fake GPU 1"})
+    monkeypatch.setattr(R, "run_call_workload", functools.partial(
+        R.run_call_workload, backend="sim", launch_batch=3))
+
+    def copy():
+        w = W.w7_call_copy()
+        w.torch_case = numpy_case
+        return w
+    monkeypatch.setattr(W, "FACTORIES", {"W7-call-copy": copy})
+    argv = ["--quick", "--only", "W7-call-copy", "--out-dir", str(tmp_path), "--seed", "5"]
+
+    monkeypatch.setattr(R, "TorchEnv", NumpyEnv)
+    assert R.main(argv) == 0, capsys.readouterr()
+    (js,) = (tmp_path / "results").glob("fake-gpu-1-*-quick.json")
+    doc = json.loads(js.read_text())
+    assert [r["variant"] for r in doc["results"]] == list(W.CALL_VARIANTS)
+    assert doc["failures"] == [] and doc["skipped"] == []
+    assert "host_overhead_us" in doc["results"][0]
+    md = (tmp_path / "RESULTS-quick.md").read_text()
+    assert "| W7-call-copy | <= 15 us |" in md and "host overhead per call (us) |" in md
+
+    def no_torch():
+        raise ImportError("No module named 'torch'")
+    monkeypatch.setattr(R, "TorchEnv", no_torch)
+    js.unlink()
+    assert R.main(argv) == 0, capsys.readouterr()
+    doc = json.loads(next((tmp_path / "results").glob("fake-gpu-1-*-quick.json")).read_text())
+    assert doc["results"] == [] and doc["failures"] == []
+    assert [(s.get("workload"), s["variant"]) for s in doc["skipped"]] == \
+        [(None, "torch"), (None, "torch_graph")] + [("W7-call-copy", v)
+                                                    for v in W.CALL_VARIANTS]
+    md = (tmp_path / "RESULTS-quick.md").read_text()
+    assert "- W7-call-copy / megak_run: torch unavailable: ImportError" in md
+    assert "| W7-call-copy | <= 15 us | skipped (see Not measured) |" in md

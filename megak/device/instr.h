@@ -216,16 +216,19 @@ typedef struct mk_status {
     mk_u32 finished_blocks;
 } mk_status;
 
-/* Kernel parameter block, in device memory; the kernel takes one pointer to it. */
+/* Kernel parameter block, in device memory, written once per program (and per traced run).
+ * The kernel takes a pointer to it, the tensor table of this launch's binding and the launch's
+ * ticket, all by value: a launch carries no per-run data through memory, so it needs no copy
+ * before it and can be captured in a CUDA graph. */
 typedef struct mk_params {
     mk_u64 instrs;        /* mk_instr[total]: all queues back to back */
     mk_u64 queue_start;   /* mk_u32[n_sm + 1]: queue s is instrs[start[s] .. start[s+1]) */
-    mk_u64 tensors;       /* mk_tensor[n_tensors] */
+    mk_u64 tensors;       /* mk_tensor[n_tensors]: megak's own table (a launch passes its own) */
     mk_u64 counters;      /* mk_u32[n_counters] */
-    mk_u64 status;        /* mk_status */
+    mk_u64 status;        /* mk_status: the running invocation's, reset by its last block */
     mk_u64 sm_state;      /* mk_sm_state[n_sm] */
     mk_u64 timeout_ns;    /* deadline of every spin loop */
-    mk_u32 epoch;         /* run index since the counters were last zeroed */
+    mk_u32 epoch;         /* 0 from the host: each block sets its copy from run_state */
     mk_u32 n_sm;
     mk_u32 n_tensors;
     mk_u32 n_counters;
@@ -233,7 +236,33 @@ typedef struct mk_params {
     mk_u32 debug;         /* non-zero: page-leak check at the end of each queue */
     mk_u64 trace;         /* mk_trace_event[total], one per queued instruction; read only by
                              the variant compiled with MK_TRACE=1 */
+    mk_u64 run_state;     /* mk_run_state, device memory */
+    mk_u64 host_view;     /* mk_host_view, mapped pinned host memory (its device address) */
+    mk_u64 host_sm_state; /* mk_sm_state[n_sm], mapped pinned: the failing invocation's */
+    mk_u32 max_target;    /* signals per run of the busiest counter (epoch wrap) */
+    mk_u32 pad;
 } mk_params;
+
+/* What the device keeps between invocations of one program, in device memory. The last block
+ * of each invocation advances it (megakernel.cu, mk_finish_invocation), so replays need no
+ * host work: a good invocation moves to the next epoch (counters zeroed first when the next
+ * epoch's targets would reach 2^31), a failed one zeroes the counters and restarts at 0. */
+typedef struct mk_run_state {
+    mk_u32 epoch;         /* the epoch of the next invocation */
+    mk_u32 exited;        /* blocks of the running invocation that have finished */
+    mk_u32 ticket_done;   /* the device's copy of host_view.ticket_done (no read over PCIe) */
+    mk_u32 pad;
+} mk_run_state;
+
+/* What the host reads, in mapped pinned memory, written by the last block of each invocation
+ * after a system-scope fence (so the host that sees ticket_done sees the rest). */
+typedef struct mk_host_view {
+    mk_u32 ticket_done;   /* the largest launch ticket finished (any outcome) */
+    mk_u32 errors;        /* invocations failed so far */
+    mk_u32 error_ticket;  /* the ticket whose record is held below; 0: none (the host clears) */
+    mk_u32 pad;
+    mk_status status;     /* that invocation's status record */
+} mk_host_view;
 
 /* Phase boundaries of one instruction, %globaltimer ns (logical steps in the simulator). */
 enum mk_trace_phase {

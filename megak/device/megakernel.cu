@@ -555,12 +555,104 @@ __device__ __noinline__ void mk_compute()
     }
 }
 
+/* The end of one invocation, once per block, by one thread after both of the block's roles
+ * are done (the join barrier): the last block of the grid to get here closes the invocation.
+ *
+ * Ordering. Each block's writes (outputs, status, sm_state) happen before its fence, which
+ * happens before its relaxed add to run_state->exited (release pattern). The last block's
+ * add reads the value every other block's add wrote (one RMW chain), and its fence after the
+ * add orders everything it then reads after all of those writes (acquire pattern). So the last
+ * block sees the whole invocation's status record. It then:
+ *   - on an error (or blocks that did not finish: the host's watchdog abort), copies the status
+ *     and every SM's state into the mapped host view if no unread error is held there, counts
+ *     the failure, zeroes the counters and restarts at epoch 0;
+ *   - on success, moves to the next epoch, zeroing the counters first where the next epoch's
+ *     targets, (epoch + 1) * max_target, would pass 2^31 (the signed wait test);
+ *   - resets the device status record for the next invocation;
+ *   - and last, after a system-scope fence, raises host_view->ticket_done to its ticket: a
+ *     host that sees the ticket sees everything above. The next invocation of the program
+ *     starts after this kernel ends (stream order, or one grid per GPU for a cooperative
+ *     launch that needs every SM), so it reads the advanced run state and a clean status.
+ * Nothing here is per launch on the host side: graph replays advance the state the same way. */
+__device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket)
+{
+    mk_run_state* rs = reinterpret_cast<mk_run_state*>(p.run_state);
+    __threadfence();
+    if (atomicAdd(&rs->exited, 1u) != p.n_sm - 1u)
+        return;
+    __threadfence();
+    volatile mk_status* st = reinterpret_cast<mk_status*>(p.status);
+    volatile mk_host_view* hv = reinterpret_cast<mk_host_view*>(p.host_view);
+    mk_u32 error = st->error;
+    if (error == MK_OK && st->finished_blocks != p.n_sm)
+        error = MK_ERR_ABORTED;    /* stopped from outside (the host's watchdog) */
+    bool zero = error != MK_OK;
+    mk_u32 epoch = 0;
+    if (!zero) {
+        epoch = p.epoch + 1u;
+        if ((mk_u64)(epoch + 1u) * (mk_u64)(p.max_target > 0 ? p.max_target : 1u) > (1ull << 31)) {
+            zero = true;
+            epoch = 0;
+        }
+    }
+    if (error != MK_OK) {
+        if (hv->error_ticket == 0u) {
+            hv->status.abort = st->abort;
+            hv->status.error = error;
+            hv->status.sm = st->sm;
+            hv->status.queue_index = st->queue_index;
+            hv->status.opcode = st->opcode;
+            hv->status.op_index = st->op_index;
+            hv->status.counter = st->counter;
+            hv->status.expected = st->expected;
+            hv->status.observed = st->observed;
+            hv->status.finished_blocks = st->finished_blocks;
+            const volatile mk_u32* from = reinterpret_cast<const mk_u32*>(p.sm_state);
+            volatile mk_u32* to = reinterpret_cast<mk_u32*>(p.host_sm_state);
+            for (mk_u32 i = 0; i < p.n_sm * (mk_u32)(sizeof(mk_sm_state) / 4); ++i)
+                to[i] = from[i];
+            __threadfence_system();
+            hv->error_ticket = ticket;
+        }
+        hv->errors = hv->errors + 1u;
+    }
+    if (zero) {
+        volatile mk_u32* counters = reinterpret_cast<mk_u32*>(p.counters);
+        for (mk_u32 c = 0; c < p.n_counters; ++c)
+            counters[c] = 0u;
+    }
+    st->abort = 0u;
+    st->error = MK_OK;
+    st->finished_blocks = 0u;
+    rs->epoch = epoch;
+    rs->exited = 0u;
+    /* a replayed graph carries an older ticket: keep the max */
+    volatile mk_u32* done = &rs->ticket_done;
+    const mk_u32 newest = (int)(ticket - *done) > 0 ? ticket : *done;
+    *done = newest;
+    __threadfence_system();
+    hv->ticket_done = newest;
+}
+
+/* Both roles of a block meet here before mk_finish_invocation: warps 0-7 and the loader warp
+ * (warps 9-11 left after setmaxnreg and take no part). */
+enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 32 };
+
+__device__ __forceinline__ void mk_join_roles()
+{
+    asm volatile("bar.sync %0, %1;" : : "n"((int)MK_JOIN_BARRIER), "n"((int)MK_JOIN_THREADS) : "memory");
+}
+
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
 static_assert(MK_BLOCK_THREADS == MK_THREADS + 128, "the loader is one warpgroup");
 static_assert(MK_LOADER_REGS * 128 + MK_COMPUTE_REGS * MK_THREADS <= 65536,
               "setmaxnreg: the register file holds both roles");
 
-extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1) megakernel(const mk_params* params)
+/* params: the program's parameter block; tensors: this launch's tensor table (megak's own, or
+ * one with caller-owned memory bound in); ticket: the host's number for this launch, written
+ * back into the host view when the invocation ends. */
+extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1)
+megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
 {
     mk_control& ctl = mk_ctl();
     unsigned char* const page_array = mk_page_array(mk_smem);
@@ -580,6 +672,10 @@ extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1) megakernel(con
     int stop = 0;
     if (tid == 0) {
         ctl.params = *params;
+        ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
+        /* the previous invocation's last block wrote it before that kernel ended */
+        ctl.params.epoch = reinterpret_cast<const volatile mk_run_state*>(params->run_state)->epoch;
+        ctl.ticket = ticket;
         ctl.n = n;
         ctl.q_begin = q_begin;
         const mk_u32 n_pages = params->n_pages;
@@ -602,20 +698,28 @@ extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1) megakernel(con
             stop = 1;
         }
     }
-    if (__syncthreads_or(stop))
+    if (__syncthreads_or(stop)) {
+        if (tid == 0)
+            mk_finish_invocation(ctl.params, ticket);
         return;
+    }
 
     /* Roles. setmaxnreg hands the loader warpgroup's registers to the compute warps: the
      * GEMM bodies need ~200 per thread, the loader a few dozen. */
     if (warp >= MK_THREADS / 32) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" : : "n"((int)MK_LOADER_REGS));
-        if (warp == MK_THREADS / 32)
-            mk_loader(queue, n, lane);
-        return;
+        if (warp != MK_THREADS / 32)
+            return;
+        mk_loader(queue, n, lane);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" : : "n"((int)MK_COMPUTE_REGS));
+        mk_compute();
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" : : "n"((int)MK_COMPUTE_REGS));
-
-    mk_compute();
+    /* one barrier instruction for both roles (an aligned barrier reached from two code
+     * sites is a divergence to synccheck) */
+    mk_join_roles();
+    if (tid == 0)
+        mk_finish_invocation(ctl.params, ctl.ticket);
 }
 
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record

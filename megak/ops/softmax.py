@@ -23,7 +23,7 @@ def softmax(self, x, scale=1.0, causal=False):
     self.check_operand(x, "softmax", "x")
     check_2d(x, "softmax", "x")
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-            or not abs(scale) <= np.finfo(np.float32).max:   # NaN fails too
+            or not abs(scale) <= float(np.finfo(np.float32).max):   # NaN fails too
         raise GraphError(f"softmax: scale must be a finite number (as float32), got {scale!r}")
     if not isinstance(causal, bool):
         raise GraphError(f"softmax: causal must be True or False, got {causal!r}")

@@ -35,7 +35,6 @@ class Bench:
         self._stream = ex._stream
         self._h = ex._h
         self._flush = self._memory.device(L2_FLUSH_BYTES, "L2 flush")
-        self._params_blocks = None
         # one kernel launch per op, in graph order: instructions regrouped by op
         order = np.argsort(plan.instrs["op_index"], kind="stable")
         self._op_instrs = plan.instrs[order]
@@ -79,31 +78,24 @@ class Bench:
     # -- timing -------------------------------------------------------------------------------
     def time_megakernel(self, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
                         trace: bool = False) -> np.ndarray:
-        """Microseconds of each of `reps` megakernel launches (after `warmup`)."""
+        """Microseconds of each of `reps` megakernel launches (after `warmup`): the same
+        launch a run makes (the device advances its own epoch), on megak's buffers."""
         ex = self.ex
-        kernel = ex._variant(trace=trace)[2]
         n = reps + warmup
-        params = self._params_for(n)
         if trace:
             tdev, _ = ex._trace_buffers()
-            params["trace"] = tdev.ptr
-        host = self._memory.pinned(params.nbytes, "bench params (host)")
-        dev = self._memory.device(params.nbytes, "bench params")
+            ex._write_params(trace_ptr=tdev.ptr)
         try:
-            host.array(abi.PARAMS_DTYPE, (n,))[:] = params
-            mem.memset32(ex._dev_buf["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
-            mem.htod(dev.ptr, host.ptr, params.nbytes, self._h)
-            from cuda.core import launch
-
-            def one(i):
-                launch(self._stream, ex._config, kernel, dev.ptr + i * abi.PARAMS_DTYPE.itemsize)
-            times = self._time(one, n, warmup, flush_l2)
-            self._check_status(expect_blocks=n * self.plan.n_sm)
-            ex.epoch = int(params[-1]["epoch"]) + 1
+            tickets = []
+            times = self._time(lambda i: tickets.append(ex._launch(None, self._h, trace)),
+                               n, warmup, flush_l2)
+            ex._raise_pending()
+            if not ex.done(tickets[-1]):
+                raise MegakernelError("benchmark launches: the last launch never reported")
         finally:
+            if trace:
+                ex._write_params()
             self._sync()
-            self._memory.free(host)
-            self._memory.free(dev)
         return times
 
     def time_separate(self, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
@@ -124,22 +116,6 @@ class Bench:
         return times
 
     # -- internals ----------------------------------------------------------------------------
-    def _params_for(self, n: int) -> np.ndarray:
-        ex = self.ex
-        base = ex._params_host[0].copy()
-        if ex._zero_counters:   # a fresh or failed executor: counters from zero
-            mem.memset32(ex._dev_buf["counters"].ptr, 0, ex._counter_capacity, self._h)
-            ex._zero_counters = False
-            ex.epoch = 0
-        params = np.repeat(base[None], n)
-        params["epoch"] = ex.epoch + np.arange(n)
-        params["trace"] = 0
-        # keep the epoch far from the u32 wrap of (epoch + 1) * target
-        if (int(params[-1]["epoch"]) + 2) * max(ex._max_target, 1) >= 2**31:
-            mem.memset32(ex._dev_buf["counters"].ptr, 0, ex._counter_capacity, self._h)
-            params["epoch"] = np.arange(n)
-        return params
-
     def _prepare_separate(self) -> None:
         if self._op_kernel is not None:
             return
@@ -163,6 +139,7 @@ class Bench:
         host.array(np.uint8, (len(data),))[:] = np.frombuffer(data, np.uint8)
         p = ex._params_host[0].copy()
         p["instrs"] = self._op_dev.ptr
+        p["tensors"] = ex._dev_buf["tensors"].ptr
         p["trace"] = 0
         pbuf = host.array(np.uint8, (len(data) + abi.PARAMS_DTYPE.itemsize,))[len(data):]
         pbuf[:] = np.frombuffer(p.tobytes(), np.uint8)
@@ -230,10 +207,8 @@ class Bench:
         finally:
             self._memory.free(host)
         if int(st[0]["error"]) != 0:
-            ex._zero_counters = True
             raise MegakernelError(f"benchmark launches failed: status {st[0]}")
         if expect_blocks is not None and int(st[0]["finished_blocks"]) != expect_blocks:
-            ex._zero_counters = True
             raise MegakernelError(f"benchmark launches: {int(st[0]['finished_blocks'])} blocks "
                                   f"finished, expected {expect_blocks}")
 

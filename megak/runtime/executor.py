@@ -8,19 +8,24 @@ Set up once (``__init__``)::
        tensor table, queues, counters, status, sm_state, params
     -> tensor table + queues uploaded once through pinned staging on the executor's stream
 
-Each ``run``, all on one stream, one wait at the end::
+Each ``launch`` enqueues on the caller's stream (``stream``; the executor's own by default)::
 
-    1. inputs  -> pinned staging (padded rows) -> device        (+ prefetch when managed)
+    1. numpy inputs -> pinned staging (padded rows) -> device  (+ prefetch when managed)
     2. debug: poison every non-input tensor with NaN
-    3. zero status + sm_state; write params (epoch, deadline, debug)
-    4. cooperative launch: grid = plan.n_sm, block = MK_BLOCK_THREADS, dynamic smem = pages
-    5. status, sm_state, outputs -> pinned staging (or prefetch managed outputs to the host)
-    6. wait, bounded by a host watchdog; decode the status; raise or advance the epoch
-    7. outputs -> fresh numpy arrays
+    3. cooperative launch: grid = plan.n_sm, block = MK_BLOCK_THREADS, dynamic smem = pages;
+       arguments by value: the params block, the binding's tensor table, the launch's ticket
+    4. numpy outputs -> pinned staging (or prefetch managed outputs to the host)
 
-Counters are never reset between good runs: waits are offset by the epoch (see instr.h). After
-a failed run they hold partial counts, so they are zeroed (stream-ordered, before the next
-launch) and the epoch restarts at 0.
+and returns its ticket; ``wait(ticket)`` spins on the mapped host view until the device has
+finished that ticket (bounded by a host watchdog), raises a pending error, and for numpy
+outputs waits for the stream and copies them out. With caller-owned GPU tensors only (a
+"binding": their addresses in a tensor table of its own, uploaded once), steps 1, 2 and 4 are
+empty: a launch is one driver call, and it can be captured in a CUDA graph.
+
+The device keeps the run state itself (invocation.py: epoch, counters zeroed after a failure
+or before the epoch could wrap, status reset, errors into the mapped host view), so no launch
+needs a copy or a memset before it, and an error is held until the host reads it: raised by
+``wait`` of any ticket, by ``check()``, or by the next launch.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from ..errors import (GraphError, MegakernelError, MegakernelHang, raise_for_sta
 from ..plan import Plan, TensorSlot
 from . import memory as mem
 from .driver import CudaError, _bindings, check, device_info, require_gpu
+from .invocation import HostView, next_epoch
 
 
 # Errors after which the CUDA context is dead for the rest of the process.
@@ -56,19 +62,6 @@ _ABORT_GRACE_S = 5.0   # after the watchdog raises the abort flag, this long to 
 
 def round_up(n: int, k: int) -> int:
     return -(-n // k) * k
-
-
-def next_epoch(epoch: int, max_target: int) -> tuple[int, bool]:
-    """The epoch after a good run, and whether counters must be zeroed first.
-
-    Run `e` waits for ``(e + 1) * target`` on counters that end at that value; zero the
-    counters (and restart at 0) before the next run's ``(e + 2) * target`` could reach 2**31,
-    so no product or signed difference the device forms can wrap.
-    """
-    nxt = epoch + 1
-    if (nxt + 1) * max(int(max_target), 1) > 2 ** 31:
-        return 0, True
-    return nxt, False
 
 
 def counter_max_target(plan: Plan) -> int:
@@ -108,14 +101,22 @@ def validate_plan(plan: Plan) -> None:
         raise GraphError(f"plan.n_counters must be >= 0, got {plan.n_counters}")
 
 
-def _launch_config(grid: int, block: int, smem: int):
-    """A cooperative LaunchConfig. cuda.core 1.2 spells the flag ``is_cooperative``; the
-    fallback keeps a renamed field from turning into a silent non-cooperative launch."""
-    from cuda.core import LaunchConfig
-    try:
-        return LaunchConfig(grid=grid, block=block, shmem_size=smem, is_cooperative=True)
-    except TypeError:
-        return LaunchConfig(grid=grid, block=block, shmem_size=smem, cooperative_launch=True)
+MAX_BINDINGS = 64   # tensor tables kept on the device, one per distinct set of caller tensors
+
+
+class _Binding:
+    """One set of caller-owned GPU tensors (slot -> address, leading dimension) as a tensor
+    table of its own in device memory; uploaded once (stream-ordered, so capturable)."""
+    __slots__ = ("key", "index", "table_ptr", "uploaded", "last_ticket", "captured", "live")
+
+    def __init__(self, key, index: int, table_ptr: int):
+        self.key = key
+        self.index = index
+        self.table_ptr = table_ptr
+        self.live = True          # False once its slot went to another binding
+        self.uploaded = False     # a table first written inside a CUDA graph capture is not
+        self.last_ticket = 0      # in memory until that graph runs: upload again when used
+        self.captured = False     # eagerly; a captured binding is never evicted
 
 
 class _TensorBuffer:
@@ -169,18 +170,21 @@ class CudaExecutor:
         self.debug = bool(debug)
         self.timeout_s = timeout_s        # validated by the property
         self.host_timeout_s = host_timeout_s
-        self.epoch = 0
         self.last_status: dict | None = None
         self.last_trace_events: np.ndarray | None = None
         self._trace_bufs: tuple | None = None
+        self._pending: dict[int, tuple] = {}   # ticket -> (numpy outputs, traced)
+        self._stream_of: dict[int, object] = {}  # ticket -> its stream (for the error query)
         self._state: dict = {"broken": None, "dead": None}
         self._memory: mem.Memory | None = None
         self._streams: list = []
         self._lock = threading.Lock()
-        self._zero_counters = True
         self._tensors: dict[int, _TensorBuffer] = {}
         self._staging: dict[int, mem.PinnedBuffer] = {}
         self._finalizer = None
+        self._ticket = 0                 # the last launch's ticket (u32, never 0)
+        self._bindings: dict = {}        # binding key -> _Binding, least recently used first
+        self._streams_by_handle: dict = {}
 
         validate_plan(plan)
         require_gpu()
@@ -215,7 +219,6 @@ class CudaExecutor:
         self._variants: dict[bool, tuple] = {}   # trace -> (compiled, object code, kernel, info)
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
         self._grid = plan.n_sm
-        self._config = _launch_config(plan.n_sm, abi.BLOCK_THREADS, self.smem_bytes)
 
         # -- buffers ------------------------------------------------------------------------------
         try:
@@ -336,7 +339,7 @@ class CudaExecutor:
                 f"{regs}, static smem {static:,} B): the cooperative launch would fail")
         return {"static_smem": static, "registers": regs, "local_bytes": local,
                 "dynamic_smem": self.smem_bytes, "max_dynamic_smem": max_dynamic,
-                "max_pages": max_pages, "blocks_per_sm": blocks}
+                "max_pages": max_pages, "blocks_per_sm": blocks, "function": func}
 
     def _allocate(self) -> None:
         plan = self.plan
@@ -370,20 +373,27 @@ class CudaExecutor:
         self._dev_buf = {name: m.device(n, name) for name, n in control}
         self._queue_capacity = max(len(plan.instrs), 1)
         self._counter_capacity = max(plan.n_counters, 1)
-        # pinned host mirrors of the control records
-        self._status_host_buf = m.pinned(abi.STATUS_DTYPE.itemsize, "status (host)")
-        self._sm_state_host_buf = m.pinned(plan.n_sm * abi.SM_STATE_DTYPE.itemsize,
-                                           "sm_state (host)")
+        self._run_state = m.device(abi.RUN_STATE_DTYPE.itemsize, "run state")
+        # what the device tells the host, in mapped pinned memory: no copy, no stream sync
+        self._host_view_buf = m.mapped(abi.HOST_VIEW_DTYPE.itemsize, "host view")
+        self._host_sm_buf = m.mapped(plan.n_sm * abi.SM_STATE_DTYPE.itemsize, "host sm_state")
+        self._host = HostView(self._host_view_buf.array(abi.HOST_VIEW_DTYPE, (1,)),
+                              self._host_sm_buf.array(abi.SM_STATE_DTYPE, (plan.n_sm,)))
         self._params_host_buf = m.pinned(abi.PARAMS_DTYPE.itemsize, "params (host)")
         self._abort_word = m.pinned(4, "abort flag (host)")
-        self._status_host = self._status_host_buf.array(abi.STATUS_DTYPE, (1,))
-        self._sm_state_host = self._sm_state_host_buf.array(abi.SM_STATE_DTYPE, (plan.n_sm,))
         self._params_host = self._params_host_buf.array(abi.PARAMS_DTYPE, (1,))
         self._abort_word.array(np.uint32, (1,))[0] = 1
+        # the bindings' tensor tables: device slots and their pinned sources, all up front
+        # (nothing may be allocated while a CUDA graph is being captured)
+        self._table_bytes = max(n_tensors, 1) * abi.TENSOR_DTYPE.itemsize
+        self._binding_dev = m.device(MAX_BINDINGS * self._table_bytes, "binding tables")
+        self._binding_host = m.pinned(MAX_BINDINGS * self._table_bytes, "binding tables (host)")
+        self._free_binding_slots = list(range(MAX_BINDINGS))
         self._queue_host_buf: mem.PinnedBuffer | None = None
 
     def _upload_tables(self) -> None:
-        """Tensor table and queues, once; then wait, so the staging can be reused or freed."""
+        """Tensor table, queues, params and a zero run state, once; then wait, so the staging
+        can be reused or freed."""
         table = np.zeros(max(self._n_tensors, 1), dtype=abi.TENSOR_DTYPE)
         for slot, tb in self._tensors.items():
             table[slot]["ptr"] = tb.buf.ptr
@@ -393,16 +403,16 @@ class CudaExecutor:
             table[slot]["dtype"] = dtypes.ABI_CODE[tb.slot.dtype]
         self._table_default = table
         self._table_host_buf = self._memory.pinned(table.nbytes, "tensor table (host)")
-        self._table_host = self._table_host_buf.array(abi.TENSOR_DTYPE, table.shape)
-        self._table_host[:] = table
-        self._table_is_default = True
+        self._table_host_buf.array(abi.TENSOR_DTYPE, table.shape)[:] = table
         mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, table.nbytes, self._h)
         self._write_queues()
-        self._wait("uploading the tensor table and queues")
         self._write_params()
+        self._wait_stream("uploading the tensor table, queues and params")
+        self._setup_launch_args()
 
     def _write_queues(self) -> None:
-        """plan.instrs + plan.queue_start -> pinned staging -> device (stream-ordered)."""
+        """plan.instrs + plan.queue_start -> pinned staging -> device (stream-ordered); the
+        counters and the run state start from zero."""
         plan = self.plan
         m = self._memory
         data = plan.encoded()
@@ -429,10 +439,13 @@ class CudaExecutor:
         mem.htod(self._dev_buf["queue_start"].ptr, self._queue_host_buf.ptr + len(data),
                  qs.nbytes, self._h)
         self._max_target = counter_max_target(plan)
-        self._zero_counters = True
-        self.epoch = 0
+        b = self._dev_buf
+        mem.memset32(b["counters"].ptr, 0, self._counter_capacity, self._h)
+        mem.memset32(self._run_state.ptr, 0, abi.RUN_STATE_DTYPE.itemsize // 4, self._h)
+        mem.memset32(b["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
 
-    def _write_params(self) -> None:
+    def _write_params(self, trace_ptr: int = 0) -> None:
+        """The params block (host copy) and its stream-ordered upload."""
         p = self._params_host[0]
         b = self._dev_buf
         p["instrs"] = b["instrs"].ptr
@@ -442,15 +455,46 @@ class CudaExecutor:
         p["status"] = b["status"].ptr
         p["sm_state"] = b["sm_state"].ptr
         p["timeout_ns"] = int(self._timeout_s * 1e9)
-        p["epoch"] = self.epoch
+        p["epoch"] = 0     # each block reads the run state's
         p["n_sm"] = self.plan.n_sm
         p["n_tensors"] = self._n_tensors
         p["n_counters"] = self.plan.n_counters
         p["n_pages"] = self.plan.n_pages
         p["debug"] = 1 if self.debug else 0
-        p["trace"] = 0   # set per traced run
+        p["trace"] = trace_ptr
+        p["run_state"] = self._run_state.ptr
+        p["host_view"] = self._host_view_buf.device_ptr
+        p["host_sm_state"] = self._host_sm_buf.device_ptr
+        p["max_target"] = self._max_target
+        mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
+
+    def _setup_launch_args(self) -> None:
+        """The kernel's three arguments as a void** array, built once: a launch only changes
+        the table pointer and the ticket in place (the driver copies them at launch)."""
+        import ctypes
+        self._arg_ptrs = (ctypes.c_uint64 * 2)(self._dev_buf["params"].ptr,
+                                               self._dev_buf["tensors"].ptr)
+        self._arg_ticket = (ctypes.c_uint32 * 1)(0)
+        base = ctypes.addressof(self._arg_ptrs)
+        self._argv = (ctypes.c_void_p * 3)(base, base + 8, ctypes.addressof(self._arg_ticket))
+        self._argv_addr = ctypes.addressof(self._argv)
+        self._function = self._variant(False)[3]["function"]
+        self._launch_kernel = _bindings().cuLaunchCooperativeKernel
+        self.last_binding = None
 
     # -- public -----------------------------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        """The device's epoch for the next run (read back: for tests and diagnostics)."""
+        with self._lock:
+            host = self._memory.pinned(abi.RUN_STATE_DTYPE.itemsize, "run state (host)")
+            try:
+                mem.dtoh(host.ptr, self._run_state.ptr, abi.RUN_STATE_DTYPE.itemsize, self._h)
+                self._wait_stream("reading the run state")
+                return int(host.array(abi.RUN_STATE_DTYPE, (1,))[0]["epoch"])
+            finally:
+                self._memory.free(host)
+
     def reload_queues(self) -> None:
         """Upload ``plan.instrs`` / ``queue_start`` again (after editing them in place).
 
@@ -464,39 +508,160 @@ class CudaExecutor:
             if self.plan.n_sm != self._grid:
                 raise MegakernelError(f"reload_queues(): plan.n_sm changed from {self._grid} "
                                       f"to {self.plan.n_sm}; build a new executor")
+            self._wait_stream("finishing earlier runs")
             self._write_queues()
-            self._wait("uploading the queues")
+            self._write_params()
+            self._wait_stream("uploading the queues")
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
-            trace: bool = False, external: dict | None = None) -> dict[int, np.ndarray]:
-        """Run the plan once: ``inputs`` slot -> array of that slot's shape and dtype;
-        returns slot -> a fresh array for every slot in ``outputs``.
+            trace: bool = False, external: dict | None = None,
+            stream=None) -> dict[int, np.ndarray]:
+        """Run the plan once and wait: ``inputs`` slot -> array of that slot's shape and
+        dtype; returns slot -> a fresh array for every slot in ``outputs``.
 
         ``external``: slot -> megak.interop.DeviceArray (validated by the caller): GPU memory
         of the caller used in place of megak's buffer for that slot, zero-copy. An external
         input is read where it lies; an external output is written there and is not in the
-        returned dict.
+        returned dict. ``stream``: a CUstream (or int handle) to run on (default: the
+        executor's own).
 
         ``trace``: run the MK_TRACE=1 build (compiled on first use) and keep one
         abi.TRACE_DTYPE record per queued instruction, in queue order, in
         ``last_trace_events`` (%globaltimer ns). Untraced runs leave it None.
         """
+        outputs = [s for s in outputs if s not in (external or {})]
+        ticket = self.launch(inputs, outputs, external=external, stream=stream, trace=trace)
+        return self.wait(ticket)
+
+    def launch(self, inputs: dict[int, np.ndarray], outputs: list[int], *,
+               external: dict | None = None, stream=None, trace: bool = False) -> int:
+        """Enqueue one run; returns its ticket for ``wait``. Raises first any error an earlier
+        run left unreported (so none is lost). With no numpy inputs or outputs and no trace,
+        nothing but the launch itself is enqueued (capturable in a CUDA graph)."""
         with self._lock:
             self._check_usable()
-            self._check_io(inputs, outputs)
-            self._dev.set_current()
+            self._raise_pending()
+            if inputs or outputs:
+                self._check_io(inputs, outputs)
+            h = self._stream_handle(stream)
+            binding = self._binding(external or {}, h)
             self.last_trace_events = None
-            kernel = self._variant(trace=bool(trace))[2]
-            external = external or {}
-            outputs = [s for s in outputs if s not in external]
+            if inputs or outputs or trace:
+                # the staging and trace buffers are shared: earlier launches' copies through
+                # them finish (and their numpy results are taken out) before they are reused
+                self._settle_pending()
             try:
-                self._point_table_at(external)
-                self._enqueue(inputs, outputs, kernel, bool(trace))
+                if inputs:
+                    self._stage_inputs(inputs, h)
+                if self.debug:
+                    self._poison(h)
+                if self.managed:
+                    for tb in self._tensors.values():
+                        self._memory.prefetch(tb.buf, "device", h)
+                if trace:
+                    tdev, _ = self._trace_buffers()
+                    mem.memset32(tdev.ptr, 0, tdev.nbytes // 4, h)
+                    self._write_params(trace_ptr=tdev.ptr)   # on the executor's stream
+                    self._wait_stream("writing the traced run's params")
+                ticket = self._launch(binding, h, trace)
+                self.last_binding = binding
+                if trace:
+                    tdev, thost = self._trace_bufs
+                    mem.dtoh(thost.ptr, tdev.ptr, tdev.nbytes, h)
+                    self._write_params()     # untraced again for the next launch
+                for slot in outputs:
+                    tb = self._tensors[slot]
+                    if self.managed:
+                        self._memory.prefetch(tb.buf, "host", h)
+                    else:
+                        mem.dtoh(self._stage(slot).ptr, tb.buf.ptr,
+                                 tb.slot.rows * tb.ld * tb.np_dtype.itemsize, h)
             except BaseException:
-                self._drain_quietly()
+                self._drain_quietly(h)
                 raise
-            self._wait("running the megakernel")
-            return self._finish(outputs, bool(trace))
+            if outputs or trace:
+                self._pending[ticket] = (list(outputs), bool(trace), None)
+            self._stream_of[ticket] = h
+            if len(self._stream_of) > 256:     # forget launches the device has finished
+                for t in [t for t in self._stream_of if self._host.done(t)]:
+                    del self._stream_of[t]
+            return ticket
+
+    def launch_bound(self, binding: _Binding, stream) -> int:
+        """The call path's fast case: the same caller tensors as an earlier launch (its
+        binding, still live), no numpy arrays, no trace: raise a pending error, launch."""
+        with self._lock:
+            if self._state["broken"] or self._state["dead"] or self._finalizer is None:
+                self._check_usable()
+            if self._host.error_pending():
+                self._raise_pending()
+            h = self._streams_by_handle.get(stream)
+            if h is None:
+                h = self._stream_handle(stream)
+            if not binding.uploaded:            # first written inside a graph capture
+                self._bindings.pop(binding.key, None)
+                self._bindings[binding.key] = binding
+                mem.htod(binding.table_ptr,
+                         self._binding_host.ptr + binding.index * self._table_bytes,
+                         self._table_bytes, h)
+                binding.uploaded = not self._capturing(h)
+            ticket = self._launch(binding, h, False)
+            self._stream_of[ticket] = h
+            if len(self._stream_of) > 256:
+                for t in [t for t in self._stream_of if self._host.done(t)]:
+                    del self._stream_of[t]
+            return ticket
+
+    def wait(self, ticket: int) -> dict[int, np.ndarray]:
+        """Wait until the device has finished ``ticket`` (bounded by the host watchdog);
+        raise its error (or an earlier unreported one); return its numpy outputs."""
+        with self._lock:
+            self._check_usable()
+            outputs, trace, ready = self._pending.pop(ticket, ([], False, None))
+            h = self._stream_of.pop(ticket, self._h)
+            self._wait_ticket(ticket, h, "running the megakernel")
+            if ready is None and (outputs or trace):
+                self._wait_stream("reading results back", h)
+                ready = self._copy_out(outputs, trace)
+            if trace:   # kept after a failed run too: the partial timeline shows where it stopped
+                self.last_trace_events = ready[1]
+            self._raise_pending()
+            self.last_status = {"error": abi.ERRORS["MK_OK"], "finished_blocks": self.plan.n_sm}
+            return ready[0] if ready is not None else {}
+
+    def _copy_out(self, outputs, trace: bool) -> tuple[dict, np.ndarray | None]:
+        """A finished launch's numpy outputs (and trace) out of the shared staging."""
+        result = {}
+        for slot in outputs:
+            tb = self._tensors[slot]
+            if self.managed:
+                src = tb.buf.host_view(tb.np_dtype, tb.padded_shape)
+            else:
+                src = self._staging[slot].array(tb.np_dtype, tb.padded_shape)
+            result[slot] = np.array(src[:, :tb.slot.cols], copy=True)
+        events = None
+        if trace:
+            events = self._trace_bufs[1].array(abi.TRACE_DTYPE, (len(self.plan.instrs),)).copy()
+        return result, events
+
+    def _settle_pending(self) -> None:
+        """Wait for every stream with unfinished launches, and take the numpy results of
+        launches not yet waited on out of the staging."""
+        for ticket, h in list(self._stream_of.items()):
+            if not self._host.done(ticket) or ticket in self._pending:
+                self._wait_stream("finishing earlier runs", h)
+        for ticket, (outputs, trace, ready) in list(self._pending.items()):
+            if ready is None:
+                self._pending[ticket] = (outputs, trace, self._copy_out(outputs, trace))
+
+    def done(self, ticket: int) -> bool:
+        """True once the device has finished ``ticket`` (its results, or its error, are in)."""
+        return self._host.done(ticket)
+
+    def check(self) -> None:
+        """Raise the error a run left unreported, if any (no wait: graph replays report here)."""
+        with self._lock:
+            self._raise_pending()
 
     def close(self) -> None:
         """Free every buffer and stream now (idempotent)."""
@@ -540,6 +705,17 @@ class CudaExecutor:
             if slot not in self._tensors:
                 raise GraphError(f"run(): no tensor slot {slot} to read back")
 
+    def _stream_handle(self, stream):
+        """A CUstream for `stream`: None (the executor's own), a CUstream, or an int handle."""
+        if stream is None:
+            return self._h
+        if isinstance(stream, int):
+            h = self._streams_by_handle.get(stream)
+            if h is None:
+                h = self._streams_by_handle[stream] = _bindings().CUstream(stream)
+            return h
+        return stream
+
     def _stage(self, slot: int) -> mem.PinnedBuffer:
         st = self._staging.get(slot)
         if st is None:
@@ -548,19 +724,104 @@ class CudaExecutor:
             self._staging[slot] = st
         return st
 
-    def _point_table_at(self, external: dict) -> None:
-        """Tensor table for this run: caller-owned GPU memory where given, megak's elsewhere.
-        Uploaded (stream-ordered, before the launch) only when it changes."""
-        if not external and self._table_is_default:
+    def _stage_inputs(self, inputs, h) -> None:
+        """numpy inputs through pinned staging, rows padded to ld (one copy per tensor). The
+        staging is reused: wait for earlier launches' copies out of it first."""
+        self._wait_stream("reusing the input staging", h)
+        for slot, arr in inputs.items():
+            tb = self._tensors[slot]
+            st = self._stage(slot)
+            st.array(tb.np_dtype, tb.padded_shape)[:, :tb.slot.cols] = arr
+            mem.htod(tb.buf.ptr, st.ptr, tb.slot.rows * tb.ld * tb.np_dtype.itemsize, h)
+
+    def _poison(self, h) -> None:
+        """debug: NaN into everything the kernel is supposed to write, so unwritten reads show."""
+        for slot, tb in self._tensors.items():
+            if tb.slot.kind != "input":
+                mem.memset32(tb.buf.ptr, tb.poison, tb.buf.nbytes // 4, h)
+
+    def _binding(self, external: dict, h) -> _Binding | None:
+        """The tensor table for these caller-owned tensors (None: megak's own). A new one is
+        written into a free slot of the preallocated tables and uploaded on `h` (captured
+        along with the launch when `h` is capturing)."""
+        if not external:
+            return None
+        key = tuple(sorted((slot, arr.ptr, arr.row_stride()) for slot, arr in external.items()))
+        b = self._bindings.pop(key, None)
+        if b is None:
+            b = _Binding(key, self._binding_slot(h), 0)
+            b.table_ptr = self._binding_dev.ptr + b.index * self._table_bytes
+            table = self._binding_host.array(np.uint8, (MAX_BINDINGS * self._table_bytes,))[
+                b.index * self._table_bytes:(b.index + 1) * self._table_bytes].view(abi.TENSOR_DTYPE)
+            table[:] = self._table_default
+            for slot, arr in external.items():
+                table[slot]["ptr"] = arr.ptr
+                table[slot]["ld"] = arr.row_stride()
+        self._bindings[key] = b            # most recently used last
+        if not b.uploaded:
+            capturing = self._capturing(h)
+            mem.htod(b.table_ptr, self._binding_host.ptr + b.index * self._table_bytes,
+                     self._table_bytes, h)
+            b.uploaded = not capturing
+            b.captured |= capturing
+        return b
+
+    def _binding_slot(self, h) -> int:
+        if self._free_binding_slots:
+            return self._free_binding_slots.pop()
+        for key, b in self._bindings.items():     # least recently used first
+            if not b.captured and self._host.done(b.last_ticket):
+                del self._bindings[key]
+                b.live = False
+                return b.index
+        if self._capturing(h):
+            raise GraphError(f"more than {MAX_BINDINGS} distinct sets of tensors in use while "
+                             f"a CUDA graph is being captured; reuse tensors, or run once "
+                             f"before capturing")
+        self._wait_stream("freeing a tensor table", h)
+        for key, b in self._bindings.items():
+            if not b.captured and self._host.done(b.last_ticket):
+                del self._bindings[key]
+                b.live = False
+                return b.index
+        raise GraphError(f"more than {MAX_BINDINGS} distinct sets of tensors are held by "
+                         f"captured CUDA graphs")
+
+    def _capturing(self, h) -> bool:
+        drv = _bindings()
+        status = check(drv.cuStreamIsCapturing(h), "cuStreamIsCapturing")
+        return int(status) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+
+    def _launch(self, binding: _Binding | None, h, trace: bool) -> int:
+        """The cooperative launch itself: co-residency of all blocks is guaranteed or it fails."""
+        self._ticket = (self._ticket + 1) & 0xFFFFFFFF or 1
+        self._arg_ptrs[1] = binding.table_ptr if binding is not None \
+            else self._dev_buf["tensors"].ptr
+        self._arg_ticket[0] = self._ticket
+        func = self._variant(trace)[3]["function"] if trace else self._function
+        ret = self._launch_kernel(func, self._grid, 1, 1, abi.BLOCK_THREADS, 1, 1,
+                                  self.smem_bytes, h, self._argv_addr)
+        err = ret[0] if isinstance(ret, tuple) else ret
+        if int(err) != 0:
+            raise MegakernelError(f"cuda: cooperative launch of the megakernel failed "
+                                  f"(grid {self.plan.n_sm}, block {abi.BLOCK_THREADS}, dynamic "
+                                  f"smem {self.smem_bytes:,} B): {getattr(err, 'name', err)}")
+        if binding is not None:
+            binding.last_ticket = self._ticket
+        return self._ticket
+
+    def _raise_pending(self) -> None:
+        """Raise the error the device holds for an earlier run, once."""
+        if not self._host.error_pending():
             return
-        self._wait("reusing the tensor table staging")   # the previous upload has landed
-        table = self._table_host
-        table[:] = self._table_default
-        for slot, arr in external.items():
-            table[slot]["ptr"] = arr.ptr
-            table[slot]["ld"] = arr.row_stride()
-        mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, table.nbytes, self._h)
-        self._table_is_default = not external
+        record, states, ticket, missed = self._host.take_error()
+        more = f" ({missed - 1} more run(s) failed since)" if missed > 1 else ""
+        self.last_status = record
+        if not states:
+            raise MegakernelError(f"cuda: {missed} run(s) failed and their record was "
+                                  f"overwritten before it was read{more}", record, [])
+        raise_for_status(record, states, self.plan.op_labels, self.plan.instrs,
+                         self.plan.queue_start, backend="cuda" + more)
 
     def _trace_buffers(self) -> tuple[mem.DeviceBuffer, mem.PinnedBuffer]:
         """Device and pinned buffers for one event per queued instruction (grown on demand)."""
@@ -575,90 +836,6 @@ class CudaExecutor:
             self._trace_bufs = (self._memory.device(nbytes, "trace"),
                                 self._memory.pinned(nbytes, "trace (host)"))
         return self._trace_bufs
-
-    def _enqueue(self, inputs, outputs, kernel, trace: bool) -> None:
-        h = self._h
-        b = self._dev_buf
-        # 1. inputs through pinned staging, rows padded to ld (one linear copy per tensor)
-        for slot, arr in inputs.items():
-            tb = self._tensors[slot]
-            st = self._stage(slot)
-            st.array(tb.np_dtype, tb.padded_shape)[:, :tb.slot.cols] = arr
-            mem.htod(tb.buf.ptr, st.ptr, tb.slot.rows * tb.ld * tb.np_dtype.itemsize, h)
-        # 2. poison what the kernel is supposed to write, so unwritten reads show as NaN
-        if self.debug:
-            for slot, tb in self._tensors.items():
-                if tb.slot.kind != "input":
-                    mem.memset32(tb.buf.ptr, tb.poison, tb.buf.nbytes // 4, h)
-        if self.managed:
-            for tb in self._tensors.values():
-                self._memory.prefetch(tb.buf, "device", h)
-        # 3. fresh status record; counters from zero after an error or an epoch wrap
-        mem.memset32(b["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, h)
-        mem.memset32(b["sm_state"].ptr, 0, b["sm_state"].nbytes // 4, h)
-        if self._zero_counters:
-            mem.memset32(b["counters"].ptr, 0, self._counter_capacity, h)
-            self._zero_counters = False
-            self.epoch = 0
-        self._write_params()
-        if trace:   # events of instructions that never ran stay zero
-            tdev, _ = self._trace_buffers()
-            mem.memset32(tdev.ptr, 0, tdev.nbytes // 4, h)
-            self._params_host[0]["trace"] = tdev.ptr
-        mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, h)
-        # 4. one cooperative launch: co-residency of all blocks is guaranteed or it fails
-        from cuda.core import launch
-        try:
-            launch(self._stream, self._config, kernel, b["params"].ptr)
-        except Exception as exc:
-            self._zero_counters = True
-            raise MegakernelError(f"cuda: cooperative launch of the megakernel failed "
-                                  f"(grid {self.plan.n_sm}, block {abi.BLOCK_THREADS}, dynamic smem "
-                                  f"{self.smem_bytes:,} B): {exc}") from exc
-        # 5. read back; outputs are only used when the status says the run was good
-        mem.dtoh(self._status_host_buf.ptr, b["status"].ptr, abi.STATUS_DTYPE.itemsize, h)
-        mem.dtoh(self._sm_state_host_buf.ptr, b["sm_state"].ptr, b["sm_state"].nbytes, h)
-        if trace:
-            tdev, thost = self._trace_bufs
-            mem.dtoh(thost.ptr, tdev.ptr, tdev.nbytes, h)
-        for slot in outputs:
-            tb = self._tensors[slot]
-            if self.managed:
-                self._memory.prefetch(tb.buf, "host", h)
-            else:
-                mem.dtoh(self._stage(slot).ptr, tb.buf.ptr,
-                         tb.slot.rows * tb.ld * tb.np_dtype.itemsize, h)
-
-    def _finish(self, outputs, trace: bool) -> dict[int, np.ndarray]:
-        plan = self.plan
-        status = self._status_host[0]
-        self.last_status = status_to_dict(status)
-        if trace:   # kept after a failed run too: the partial timeline shows where it stopped
-            self.last_trace_events = self._trace_bufs[1].array(
-                abi.TRACE_DTYPE, (len(plan.instrs),)).copy()
-        if self.last_status["error"] != abi.ERRORS["MK_OK"]:
-            self._zero_counters = True  # partial counts: restart from zero, epoch 0
-            self.epoch = 0
-            # plain dicts: raise_for_status takes a list of records, not a numpy array
-            raise_for_status(self.last_status, sm_states_to_dicts(self._sm_state_host),
-                             plan.op_labels, plan.instrs, plan.queue_start, backend="cuda")
-        finished = self.last_status["finished_blocks"]
-        if finished != plan.n_sm:
-            self._zero_counters = True
-            self.epoch = 0
-            raise MegakernelError(
-                f"cuda: the megakernel reported no error, but {finished} of {plan.n_sm} "
-                f"blocks finished their queues", self.last_status, [])
-        self.epoch, self._zero_counters = next_epoch(self.epoch, self._max_target)
-        result = {}
-        for slot in outputs:
-            tb = self._tensors[slot]
-            if self.managed:
-                src = tb.buf.host_view(tb.np_dtype, tb.padded_shape)
-            else:
-                src = self._staging[slot].array(tb.np_dtype, tb.padded_shape)
-            result[slot] = np.array(src[:, :tb.slot.cols], copy=True)
-        return result
 
     # -- waiting --------------------------------------------------------------------------------
     def _poll(self, handle, deadline: float) -> bool:
@@ -687,30 +864,87 @@ class CudaExecutor:
                 time.sleep(min(nap, max(deadline - now, 0.0)))
                 nap = min(nap * 2, _MAX_NAP_S)
 
-    def _wait(self, what: str) -> None:
-        """Wait for the stream, bounded by the host watchdog; raise every CUDA error."""
+    def _wait_stream(self, what: str, h=None) -> None:
+        """Wait for a stream (the executor's by default), bounded by the host watchdog; raise
+        every CUDA error."""
+        h = self._h if h is None else h
         limit = self.host_timeout_s
         deadline = time.monotonic() + limit if math.isfinite(limit) else math.inf
         try:
-            done = self._poll(self._h, deadline)
+            done = self._poll(h, deadline)
         except CudaError as exc:
-            self._zero_counters = True
             dead = " The CUDA context is now unusable; restart the process." \
                 if exc.error_name in _STICKY else ""
             raise MegakernelError(f"cuda: {exc} while {what}.{dead}") from exc
         if not done:
-            self._watchdog(what, limit)
+            self._watchdog(what, limit, lambda t: self._poll(h, t))
 
-    def _watchdog(self, what: str, limit: float) -> None:
+    def _wait_ticket(self, ticket: int, h, what: str) -> None:
+        """Spin on the mapped host view until the device has finished `ticket`: the kernel's
+        last block raises ticket_done after a system-scope fence, so no stream sync is needed
+        (a torch or CUDA-graph user orders later work by the stream anyway). Every millisecond
+        the stream is queried too, so a CUDA error is raised rather than waited out."""
+        host = self._host
+        if host.done(ticket):
+            return
+        drv = _bindings()
+        not_ready = int(drv.CUresult.CUDA_ERROR_NOT_READY)
+        limit = self.host_timeout_s
+        start = time.monotonic()
+        deadline = start + limit if math.isfinite(limit) else math.inf
+        next_query = start + 1e-3
+        nap = 5e-5
+        while not host.done(ticket):
+            now = time.monotonic()
+            if now >= next_query:
+                next_query = now + 1e-3
+                ret = drv.cuStreamQuery(h)
+                err = int(ret[0] if isinstance(ret, tuple) else ret)
+                if err == 0 and not host.done(ticket) and \
+                        not self._until(lambda: host.done(ticket), time.monotonic() + 0.1):
+                    # the stream is idle and the ticket is not in: the launch never ran (a
+                    # capture that was never replayed) or its last block could not report
+                    raise MegakernelError(f"cuda: the stream finished without the megakernel "
+                                          f"reporting launch {ticket} while {what} (was it "
+                                          f"captured in a CUDA graph that has not run?)")
+                if err not in (0, not_ready):
+                    try:
+                        check(ret, "cuStreamQuery")
+                    except CudaError as exc:
+                        dead = ""
+                        if exc.error_name in _STICKY:
+                            self._state["dead"] = str(exc)
+                            dead = " The CUDA context is now unusable; restart the process."
+                        raise MegakernelError(f"cuda: {exc} while {what}.{dead}") from exc
+            if now >= deadline:
+                self._watchdog(what, limit, lambda t: self._until(
+                    lambda: host.done(ticket) or self._stream_idle(h), t))
+                return
+            if now - start > _SPIN_S:
+                time.sleep(min(nap, max(deadline - now, 0.0)))
+                nap = min(nap * 2, _MAX_NAP_S)
+
+    def _stream_idle(self, h) -> bool:
+        ret = _bindings().cuStreamQuery(h)
+        return int(ret[0] if isinstance(ret, tuple) else ret) == 0
+
+    @staticmethod
+    def _until(cond, deadline: float) -> bool:
+        while not cond():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(1e-4)
+        return True
+
+    def _watchdog(self, what: str, limit: float, stopped_by) -> None:
         """The device ignored its own deadlines. Raise its abort flag through the copy engine
-        (the SMs are all taken) and give the blocks a moment to see it."""
+        (the SMs are all taken) and give the blocks a moment to see it; `stopped_by(deadline)`
+        says whether the run has ended."""
         b = self._dev_buf
-        self._zero_counters = True
-        self.epoch = 0
         abort_offset = abi.STATUS_DTYPE.fields["abort"][1]
         try:
             mem.htod(b["status"].ptr + abort_offset, self._abort_word.ptr, 4, self._ctl_h)
-            stopped = self._poll(self._h, time.monotonic() + self._timeout_s + _ABORT_GRACE_S)
+            stopped = stopped_by(time.monotonic() + self._timeout_s + _ABORT_GRACE_S)
         except CudaError as exc:
             self._mark_broken(f"the watchdog could not stop the megakernel: {exc}")
             raise MegakernelHang(f"cuda: {what} took longer than the host watchdog "
@@ -721,11 +955,12 @@ class CudaExecutor:
             raise MegakernelHang(f"cuda: {what} took longer than the host watchdog "
                                  f"({limit:g} s) and did not stop when aborted: the GPU is "
                                  f"stuck; restart the process")
-        record = status_to_dict(self._status_host[0])
+        record, states = {}, []
+        if self._host.error_pending():
+            record, states, _, _ = self._host.take_error()
         raise MegakernelHang(f"cuda: {what} took longer than the host watchdog ({limit:g} s) "
                              f"although every device wait has a {self._timeout_s:g} s deadline; "
-                             f"the run was stopped through the abort flag",
-                             record, sm_states_to_dicts(self._sm_state_host))
+                             f"the run was stopped through the abort flag", record, states)
 
     def _mark_broken(self, reason: str) -> None:
         # Work may still be running on the device: never free its memory (cuMemFree would
@@ -734,10 +969,11 @@ class CudaExecutor:
         if self._memory is not None:
             self._memory.abandon()
 
-    def _drain_quietly(self) -> None:
+    def _drain_quietly(self, h=None) -> None:
         """After a failure while enqueuing: let queued copies finish before staging is reused."""
         try:
-            self._poll(self._h, time.monotonic() + min(self.host_timeout_s, 30.0))
+            self._poll(self._h if h is None else h,
+                       time.monotonic() + min(self.host_timeout_s, 30.0))
         except Exception:
             pass
 

@@ -93,6 +93,15 @@ class PinnedBuffer:
         return f"PinnedBuffer({self.name!r}, {self.nbytes} B at {self.ptr:#x})"
 
 
+class MappedBuffer(PinnedBuffer):
+    """Mapped pinned memory: ``ptr`` for the host, ``device_ptr`` for kernels."""
+    __slots__ = ("device_ptr",)
+
+    def __init__(self, ptr: int, nbytes: int, name: str, device_ptr: int):
+        super().__init__(ptr, nbytes, name)
+        self.device_ptr = device_ptr
+
+
 def _release(drv, live: dict, ctx, cu_dev) -> list[str]:
     """Free every live allocation with `ctx` pushed; release the retained primary context.
 
@@ -223,6 +232,19 @@ class Memory:
         self._live[ptr] = ("pinned", name, size)
         ctypes.memset(ptr, 0, size)
         return PinnedBuffer(ptr, int(nbytes), name)
+
+    def mapped(self, nbytes: int, name: str = "") -> "MappedBuffer":
+        """Pinned host memory the device can read and write directly (DEVICEMAP), zero-filled:
+        what the kernel tells the host through it needs no copy and no stream sync."""
+        self._check_open()
+        drv = self._drv
+        size = max(int(nbytes), 1)
+        flags = drv.CU_MEMHOSTALLOC_PORTABLE | drv.CU_MEMHOSTALLOC_DEVICEMAP
+        ptr = int(check(drv.cuMemHostAlloc(size, flags), "cuMemHostAlloc(DEVICEMAP)"))
+        self._live[ptr] = ("pinned", name, size)
+        ctypes.memset(ptr, 0, size)
+        dev = int(check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))
+        return MappedBuffer(ptr, int(nbytes), name, dev)
 
     def abandon(self) -> None:
         """Give up on freeing anything (work that uses it may still be running on a stuck

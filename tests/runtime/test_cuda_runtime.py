@@ -318,6 +318,19 @@ class _FakeGpu:
             def cuMemAllocManaged(self, n, f):
                 return (R.CUDA_SUCCESS, real.CUdeviceptr(fake.alloc(n)))
             def cuMemHostAlloc(self, n, f): return (R.CUDA_SUCCESS, fake.alloc(n))
+            def cuMemHostGetDevicePointer(self, p, f): return (R.CUDA_SUCCESS, int(p))
+            def cuStreamIsCapturing(self, h):
+                return (R.CUDA_SUCCESS,
+                        real.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
+            def cuLaunchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, smem, h, argv):
+                import ctypes
+                assert bx == abi.BLOCK_THREADS and (gy, gz, by, bz) == (1, 1, 1, 1)
+                args = (ctypes.c_void_p * 3).from_address(argv)
+                params = ctypes.c_uint64.from_address(args[0]).value
+                tensors = ctypes.c_uint64.from_address(args[1]).value
+                ticket = ctypes.c_uint32.from_address(args[2]).value
+                fake.kernel(params, tensors, ticket)
+                return fake.ok
             def cuMemFree(self, p): del fake.mem[int(p)]; return fake.ok
             def cuMemFreeHost(self, p): del fake.mem[int(p)]; return fake.ok
             def cuMemcpyHtoDAsync(self, d, s, n, h): fake.move(d, s, n); return fake.ok
@@ -382,17 +395,25 @@ class _FakeGpu:
         from megak.runtime.memory import host_array
         return host_array(ptr, dtype, (n,))
 
-    def nop_kernel(self, params_ptr):
+    def nop_kernel(self, params_ptr, tensors_ptr, ticket):
+        """NOP queues on the CPU, then the end of the invocation as the device's last block
+        does it (megak.runtime.invocation.finish)."""
+        from megak.runtime import invocation
         p = self.view(params_ptr, abi.PARAMS_DTYPE, 1)[0]
         n_sm = int(p["n_sm"])
         qs = self.view(int(p["queue_start"]), np.uint32, n_sm + 1)
         ins = self.view(int(p["instrs"]), abi.INSTR_DTYPE, int(qs[-1]))
         ctr = self.view(int(p["counters"]), np.uint32, max(int(p["n_counters"]), 1))
         st = self.view(int(p["status"]), abi.STATUS_DTYPE, 1)[0]
-        for t in self.view(int(p["tensors"]), abi.TENSOR_DTYPE, int(p["n_tensors"])):
+        rs = self.view(int(p["run_state"]), abi.RUN_STATE_DTYPE, 1)[0]
+        for t in self.view(tensors_ptr, abi.TENSOR_DTYPE, int(p["n_tensors"])):
             assert t["ptr"] % 256 == 0 and t["ld"] * 4 % abi.TENSOR_ALIGN_BYTES == 0
             assert t["ld"] >= t["cols"]
-        epoch = int(p["epoch"])
+        epoch = int(rs["epoch"])
+        self.run_kernel_body(ins, qs, ctr, st, n_sm, epoch)
+        self.finish(p, st, rs, ctr, n_sm, epoch, ticket)
+
+    def run_kernel_body(self, ins, qs, ctr, st, n_sm, epoch):
         for r in ins:  # every signal first, then every wait: NOP queues, no ordering
             for k in range(int(r["n_signals"])):
                 ctr[int(r["signal_counter"][k])] += 1
@@ -410,6 +431,25 @@ class _FakeGpu:
                             st[key] = v
                         return
         st["finished_blocks"] = n_sm
+
+    def abort_kernel(self, params_ptr, tensors_ptr, ticket):
+        """Every block of a running invocation sees the abort flag and stops."""
+        p = self.view(params_ptr, abi.PARAMS_DTYPE, 1)[0]
+        n_sm = int(p["n_sm"])
+        st = self.view(int(p["status"]), abi.STATUS_DTYPE, 1)[0]
+        rs = self.view(int(p["run_state"]), abi.RUN_STATE_DTYPE, 1)[0]
+        ctr = self.view(int(p["counters"]), np.uint32, max(int(p["n_counters"]), 1))
+        self.finish(p, st, rs, ctr, n_sm, int(rs["epoch"]), ticket)
+
+    def finish(self, p, st, rs, ctr, n_sm, epoch, ticket):
+        from megak.runtime import invocation
+        hv = self.view(int(p["host_view"]), abi.HOST_VIEW_DTYPE, 1)[0]
+        hsm = self.view(int(p["host_sm_state"]), abi.SM_STATE_DTYPE, n_sm)
+        sm = self.view(int(p["sm_state"]), abi.SM_STATE_DTYPE, n_sm)
+        for _ in range(n_sm):
+            invocation.finish(status=st, sm_state=sm, run_state=rs, host_view=hv,
+                              host_sm_state=hsm, counters=ctr, n_sm=n_sm, epoch=epoch,
+                              max_target=int(p["max_target"]), ticket=ticket)
 
 
 @pytest.fixture
@@ -490,15 +530,24 @@ def test_fake_watchdog_aborts_a_kernel_that_ignores_its_deadlines(fake_gpu, monk
     ex = CudaExecutor(handoff_plan(), timeout_s=0.05, host_timeout_s=0.2)
     status = fake_gpu.view(ex._dev_buf["status"].ptr, abi.STATUS_DTYPE, 1)
     R = fake_gpu.real.CUresult
-    fake_gpu.kernel = lambda params: None  # "runs" until the abort flag is raised
-    fake_gpu.query = lambda: (R.CUDA_SUCCESS,) if status[0]["abort"] else \
-        (R.CUDA_ERROR_NOT_READY,)
-    with pytest.raises(MegakernelHang, match="host watchdog"):
+    running = []
+    fake_gpu.kernel = lambda *args: running.append(args)  # "runs" until aborted
+
+    def query():
+        if not status[0]["abort"]:
+            return (R.CUDA_ERROR_NOT_READY,)
+        while running:      # the blocks see the flag and stop: the last one reports
+            fake_gpu.abort_kernel(*running.pop())
+        return (R.CUDA_SUCCESS,)
+    fake_gpu.query = query
+    with pytest.raises(MegakernelHang, match="host watchdog") as caught:
         ex.run({}, [])
+    assert caught.value.record["error"] == abi.ERRORS["MK_ERR_ABORTED"]
     fake_gpu.kernel, fake_gpu.query = fake_gpu.nop_kernel, lambda: fake_gpu.ok
     ex.run({}, [])  # usable again
     # a device that ignores the abort flag too: the executor refuses further work and leaks
     # its buffers on purpose (freeing under a running kernel would block forever)
+    fake_gpu.kernel = lambda *args: None
     fake_gpu.query = lambda: (R.CUDA_ERROR_NOT_READY,)
     with pytest.raises(MegakernelHang, match="stuck"):
         ex.run({}, [])
@@ -513,6 +562,7 @@ def test_fake_sticky_error_is_raised_with_its_name(fake_gpu):
     from megak.runtime.executor import CudaExecutor
     R = fake_gpu.real.CUresult
     ex = CudaExecutor(handoff_plan())
+    fake_gpu.kernel = lambda *args: None   # the kernel faults: its last block never reports
     fake_gpu.query = lambda: (R.CUDA_ERROR_ILLEGAL_ADDRESS,)
     with pytest.raises(MegakernelError, match="CUDA_ERROR_ILLEGAL_ADDRESS.*restart"):
         ex.run({}, [])

@@ -1,0 +1,182 @@
+"""The call path on the GPU with torch tensors: stream order instead of host syncs, cached
+bindings, asynchronous launches, CUDA graph capture and replay, errors inside replays, and a
+stress run of many back-to-back launches on changing tensors. Every result is checked
+against float64 (tests/reference.py bounds) on fresh inputs, outputs poisoned first."""
+import numpy as np
+import pytest
+
+import megak
+from tests.reference import assert_close, evaluate
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def chain_graph(layers=3, m=16, n=96, dtype="float32"):
+    g = megak.Graph()
+    x = g.input("x", (m, n), dtype)
+    ws = [g.input(f"w{i}", (n, n), dtype) for i in range(layers)]
+    h = x
+    for w in ws:
+        h = g.gemm(h, w, activation="relu")
+    g.output(h, "y")
+    return g
+
+
+def tensors(g, gen, dtype=torch.float32):
+    return {name: (torch.rand(t.shape, generator=gen, device="cuda", dtype=torch.float32)
+                   * 2 - 1).to(dtype) for name, t in g.inputs.items()}
+
+
+def expected(g, inputs):
+    host = {k: v.float().cpu().numpy() for k, v in inputs.items()}
+    return evaluate(g, host)[g.outputs["y"].index]
+
+
+def poisoned(g):
+    return torch.full(g.outputs["y"].shape, float("nan"), device="cuda")
+
+
+def check(g, inputs, y, what):
+    value, bound = expected(g, inputs)
+    assert_close(y.float().cpu().numpy(), value, bound, what)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator(device="cuda").manual_seed(1234)
+
+
+def test_runs_on_torchs_current_stream_without_a_host_sync(gen):
+    g = chain_graph()
+    with megak.compile(g, backend="cuda") as prog:
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            for i in range(5):
+                x = tensors(g, gen)                     # produced on s, not synchronised
+                y = poisoned(g)
+                out = prog.run(out={"y": y}, **x)
+                assert out["y"] is y
+                z = y * 2                               # ordered after megak on s
+                check(g, x, y, f"stream run {i}")
+                torch.testing.assert_close(z, y * 2)
+
+
+@pytest.mark.parametrize("how", ["torch", "int", "cuda.core"])
+def test_an_explicit_stream(gen, how):
+    from cuda.core import Device
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda") as prog:
+        ts = torch.cuda.Stream()
+        core = Device(0).create_stream() if how == "cuda.core" else None
+        stream = {"torch": ts, "int": ts.cuda_stream, "cuda.core": core}[how]
+        x = tensors(g, gen)
+        torch.cuda.synchronize()
+        y = poisoned(g)
+        torch.cuda.synchronize()
+        h = prog.launch(out={"y": y}, stream=stream, **x)
+        h.wait()
+        check(g, x, y, f"stream={how}")
+
+
+def test_repeated_calls_reuse_one_checked_binding(gen):
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda") as prog:
+        x = tensors(g, gen)
+        y = poisoned(g)
+        for _ in range(3):
+            prog.run(out={"y": y}, **x)
+        assert len(prog._calls) == 1 and len(prog._executor._bindings) == 1
+        check(g, x, y, "reused binding")
+        x2 = tensors(g, gen)                            # new memory: a new binding
+        y2 = poisoned(g)
+        prog.run(out={"y": y2}, **x2)
+        assert len(prog._calls) == 2 and len(prog._executor._bindings) == 2
+        check(g, x2, y2, "second binding")
+        check(g, x, y, "first binding untouched")
+
+
+def test_many_launches_on_changing_tensors(gen):
+    """1000 back-to-back launches over 3 sets of tensors (3 bindings), one wait at the end,
+    then every handle: each set's output is the last launch's on its inputs."""
+    g = chain_graph(2, m=8, n=64)
+    with megak.compile(g, backend="cuda") as prog:
+        sets = [(tensors(g, gen), poisoned(g)) for _ in range(3)]
+        handles = [prog.launch(out={"y": sets[i % 3][1]}, **sets[i % 3][0])
+                   for i in range(1000)]
+        handles[-1].wait()
+        assert all(h.done() for h in handles)
+        for h in handles:
+            h.wait()
+        for k, (x, y) in enumerate(sets):
+            check(g, x, y, f"set {k}")
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warmed", "first-call-in-capture"])
+def test_torch_op_megak_torch_op_in_one_cuda_graph(gen, warm):
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda") as prog:
+        static = tensors(g, gen)
+        a = torch.empty_like(static["x"])
+        y = poisoned(g)
+        z = torch.empty_like(y)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        if warm:
+            with torch.cuda.stream(s):
+                torch.mul(static["x"], 0.5, out=a)
+                prog.run(out={"y": y}, x=a, **{k: v for k, v in static.items() if k != "x"})
+                torch.add(y, 1.0, out=z)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            torch.mul(static["x"], 0.5, out=a)
+            prog.launch(out={"y": y}, x=a, **{k: v for k, v in static.items() if k != "x"})
+            torch.add(y, 1.0, out=z)
+        for i in range(100):
+            fresh = tensors(g, gen)
+            for k in static:
+                static[k].copy_(fresh[k])
+            y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            value, bound = expected(g, {**fresh, "x": fresh["x"] * 0.5})
+            got = z.cpu().numpy()
+            assert_close(got, value + 1.0, bound + 2.0 ** -24 * (np.abs(value) + 1.0),
+                         f"replay {i}")
+        prog.check()
+
+
+def test_a_hang_inside_a_replay_is_reported_by_check(gen):
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda", timeout_s=0.5) as prog:
+        x = tensors(g, gen)
+        y = poisoned(g)
+        prog.run(out={"y": y}, **x)
+        s = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=s):
+            prog.launch(out={"y": y}, **x)
+        graph.replay()
+        torch.cuda.synchronize()
+        prog.check()
+        ins = prog.plan.instrs
+        original = ins.copy()
+        i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
+        ins["wait_target"][i, 0] += 1                    # never reached: a planted hang
+        prog._executor.reload_queues()
+        graph.replay()
+        torch.cuda.synchronize()
+        with pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
+            prog.check()
+        prog.check()                                     # reported once
+        ins[:] = original
+        prog._executor.reload_queues()
+        y.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        prog.check()
+        check(g, x, y, "replay after the hang")
+        y2 = poisoned(g)
+        prog.run(out={"y": y2}, **x)                     # and eager runs too
+        check(g, x, y2, "run after the hang")

@@ -1,0 +1,103 @@
+"""prog.launch / Handle / prog.check on both backends: the asynchronous call path's contract.
+A launched run returns at once; wait() gives run()'s result; a failed run raises from its
+wait(), or if never waited on, from the next call on the program: never lost, and its
+outputs never returned as valid."""
+import numpy as np
+import pytest
+
+import megak
+from megak import abi
+from tests.reference import check_graph, evaluate, random_inputs, assert_close
+
+
+def chain(n=3):
+    g = megak.Graph()
+    x = g.input("x", (5, 70))
+    w = g.input("w", (70, 70))
+    h = x
+    for _ in range(n):
+        h = g.gemm(h, w)
+    g.output(h, "y")
+    return g
+
+
+def opts(backend):
+    return {"n_sm": 4} if backend == "sim" else {"timeout_s": 1.0}
+
+
+def plant_hang(prog):
+    """A wait target one above what its counter gets per run: never reached."""
+    ins = prog.plan.instrs
+    i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
+    original = ins.copy()
+    ins["wait_target"][i, 0] += 1
+    prog._executor.reload_queues()
+    return original
+
+
+def restore(prog, original):
+    prog.plan.instrs[:] = original
+    prog._executor.reload_queues()
+
+
+def test_launch_then_wait_is_run(backend, rng):
+    g = chain()
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        handles = []
+        for _ in range(4):
+            inputs = random_inputs(g, rng)
+            handles.append((inputs, prog.launch(**inputs)))
+        for inputs, h in handles:
+            out = h.wait()
+            assert h.done() and h.wait() is out           # the same dict again
+            value, bound = evaluate(g, inputs)[g.outputs["y"].index]
+            assert_close(out["y"], value, bound, "launched chain")
+        check_graph(prog, g, rng, "run after launches")
+
+
+def test_an_error_is_raised_by_its_wait_and_only_once(backend, rng):
+    g = chain()
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        original = plant_hang(prog)
+        h = prog.launch(**random_inputs(g, rng))
+        with pytest.raises(megak.MegakernelHang):
+            h.wait()
+        with pytest.raises(megak.MegakernelHang):   # asked again: the same failure
+            h.wait()
+        restore(prog, original)
+        prog.check()                                # reported already: nothing pending
+        check_graph(prog, g, rng, "after the hang")
+
+
+def test_an_error_never_waited_on_is_raised_by_the_next_call(backend, rng):
+    g = chain()
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        original = plant_hang(prog)
+        prog.launch(**random_inputs(g, rng))        # never waited on
+        restore(prog, original)
+        with pytest.raises(megak.MegakernelHang):
+            prog.run(**random_inputs(g, rng))
+        check_graph(prog, g, rng, "after the reported hang")
+
+
+def test_check_reports_a_failure_without_waiting_on_a_handle(backend, rng):
+    g = chain()
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        original = plant_hang(prog)
+        h = prog.launch(**random_inputs(g, rng))
+        while not h.done():
+            pass
+        restore(prog, original)
+        with pytest.raises(megak.MegakernelHang):
+            prog.check()
+        prog.check()                                # once
+
+
+def test_stream_is_checked(backend, rng):
+    g = chain(1)
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        inputs = random_inputs(g, rng)
+        if backend == "sim":                        # accepted and ignored there
+            prog.run(stream=7, **inputs)
+        with pytest.raises(megak.GraphError, match="stream= takes a CUDA stream"):
+            prog.launch(stream="default", **inputs).wait()
