@@ -187,6 +187,7 @@ class Program:
                                        stream=h, trace=_trace)
         if key is not None and call.cacheable:
             call.binding = self._executor.last_binding
+            call.objects = (dict(inputs), dict(out))   # their ids are in the key
             self._calls[key] = call
             if len(self._calls) > _MAX_CALLS:
                 self._calls.popitem(last=False)
@@ -203,10 +204,12 @@ class Program:
 
     # -- the call path ----------------------------------------------------------------------
     def _call_key(self, inputs: dict, out):
-        """The identity of every array of the call (name, address, shape, strides, dtype,
-        device of each torch GPU tensor), or None when one has none this cheap (numpy
-        arrays, host tensors, other libraries: those are described every call). The same
-        key means the same checked binding."""
+        """The identity of every array of the call, or None when one has none this cheap
+        (numpy arrays, host tensors, other libraries: those are described every call). For
+        a torch GPU tensor: the object, its address, shape and strides. A tensor object
+        keeps its dtype, and moving it to another device changes its address, so equal keys
+        mean the same checked binding; the cached call holds the objects, so their ids are
+        not reused while it is cached."""
         if self.backend != "cuda" or not isinstance(out, dict):
             return None
         tensor = interop.torch_tensor_type()
@@ -215,10 +218,9 @@ class Program:
         parts = []
         for group in (inputs, out):
             for name, t in group.items():
-                if type(t) is not tensor or not t.is_cuda:
+                if type(t) is not tensor:
                     return None
-                parts.append((name, t.data_ptr(), t.shape, t.stride(), t.dtype,
-                              t.get_device()))
+                parts.append((name, id(t), t.data_ptr(), t.shape, t.stride()))
             parts.append(None)       # inputs | outputs
         return tuple(parts)
 
@@ -407,6 +409,7 @@ class _Call:
     targets: dict
     in_place: dict
     binding: object = None      # the executor's tensor table for these tensors, once bound
+    objects: tuple = ()         # the arrays of the cached call (their ids are its key)
 
     @property
     def cacheable(self) -> bool:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: where a megak call's time goes, for a one-instruction graph ((1, 32) copy).
 
-  host: Program._prepare + stream lookup; the executor's launch (enqueue only)
+  host: the call key of a repeated call; the executor's launch (enqueue only)
   gpu:  one invocation, from 1000 back-to-back launches (total / 1000), by grid size
   run:  prog.run + wait, median, by grid size
 
@@ -35,12 +35,12 @@ def main():
         ex = prog._executor
         for _ in range(20):
             prog.run(out={"y": yt}, x=xt)
-        prep = med(lambda: prog._prepare({"x": xt}, {"y": yt}))
-        call = prog._prepare({"x": xt}, {"y": yt})
+        prep = med(lambda: prog._call_key({"x": xt}, {"y": yt}))
+        call = prog._calls[prog._call_key({"x": xt}, {"y": yt})]
         torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
         for _ in range(200):
-            ex.launch({}, [], external=call.external, stream=None)
+            ex.launch_bound(call.binding, torch.cuda.current_stream().cuda_stream)
         enq = (time.perf_counter_ns() - t0) / 200 / 1e3
         torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
@@ -49,7 +49,7 @@ def main():
         per = (time.perf_counter_ns() - t0) / 1000 / 1e3
         run = med(lambda: prog.run(out={"y": yt}, x=xt), 1000)
         assert torch.equal(yt, xt)
-        print(f"n_sm {n_sm:3d}: prepare {prep:5.2f} us, executor.launch enqueue {enq:5.2f} us, "
+        print(f"n_sm {n_sm:3d}: call key {prep:5.2f} us, launch_bound enqueue {enq:5.2f} us, "
               f"1000 launches {per:5.2f} us/call, run+wait median {run:5.2f} us")
         prog.close()
 
