@@ -20,7 +20,6 @@ implement the same plan and the simulator (sim.py) checks every instruction agai
 """
 from __future__ import annotations
 
-from . import abi
 from .ops import BY_OPCODE
 from .ops.base import NO_PAGES, PagePlan
 

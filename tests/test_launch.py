@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import megak
-from megak import abi
+
 from tests.reference import check_graph, evaluate, random_inputs, assert_close
 
 

@@ -101,3 +101,17 @@ def row_bands(rows: int, cols: int, per: int, reads_per_input: list[str]):
              else Region(zeros, np.ones(n, dtype=np.int64), zeros, full)
              for how in reads_per_input]
     return row_edges, col_edges, reads
+
+
+class RowBands:
+    """expand/count of the ops lowered into bands of whole rows (add, the row-wise ops): the
+    rows per instruction depend on the SM count, so expand fixes them in the unit's attrs."""
+
+    def expand(self, unit, ctx):
+        from ..dtypes import ITEMSIZE
+        x = unit.inputs[0]
+        per = rows_per_instruction(x.rows, ITEMSIZE[x.dtype] * x.cols, ctx.n_sm)
+        return [unit.with_(attrs=dict(unit.attrs, rows_per_instr=per))]
+
+    def count(self, unit) -> int:
+        return -(-unit.inputs[0].rows // unit.attrs["rows_per_instr"])

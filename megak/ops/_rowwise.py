@@ -7,21 +7,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import ITEMSIZE
-from ._lowering import Lowered, cost_ns, row_bands, rows_per_instruction
-from .base import OpDef, f32_param, region
+from ._lowering import Lowered, RowBands, cost_ns, row_bands
+from .base import OpDef, f32_param, param_bits, region
 
 
-class RowwiseOp(OpDef):
+class RowwiseOp(RowBands, OpDef):
     passes = 2              # reads of each row: statistics, then the output
     flops_per_element = 4
-
-    def expand(self, unit, ctx):
-        x = unit.inputs[0]
-        per = rows_per_instruction(x.rows, ITEMSIZE[x.dtype] * x.cols, ctx.n_sm)
-        return [unit.with_(attrs=dict(unit.attrs, rows_per_instr=per))]
-
-    def count(self, unit) -> int:
-        return -(-unit.inputs[0].rows // unit.attrs["rows_per_instr"])
+    param_attr = "eps"      # the attr the record's fp32 param carries
 
     def lower(self, unit) -> Lowered:
         x = unit.inputs[0]
@@ -44,7 +37,7 @@ class RowwiseOp(OpDef):
         return 0
 
     def param_bits(self, unit) -> int:
-        raise NotImplementedError(self.name)
+        return param_bits(unit.attrs[self.param_attr])
 
     param_positive = True      # the record's scalar: > 0 (an epsilon), or only finite
 

@@ -14,7 +14,7 @@ from .. import abi
 from ..dtypes import ITEMSIZE
 from ..errors import GraphError
 from . import _epilogue
-from ._lowering import Lowered, cost_ns, row_bands, rows_per_instruction
+from ._lowering import Lowered, RowBands, cost_ns, row_bands
 from .base import OpDef, Unit, region
 
 
@@ -30,7 +30,7 @@ def add(self, a, b):
     return self.append_op("add", (a, b), a.shape, a.dtype, broadcast=b.shape != a.shape)
 
 
-class Add(OpDef):
+class Add(RowBands, OpDef):
     name = "add"
     operands = (abi.ARG_A, abi.ARG_B)
     build = staticmethod(add)
@@ -54,14 +54,6 @@ class Add(OpDef):
             return None
         return producer.with_(inputs=inputs, output=op.output, attrs=attrs,
                               label=f"{producer.label} + {op.label} (fused)")
-
-    def expand(self, unit, ctx):
-        a = unit.inputs[0]
-        per = rows_per_instruction(a.rows, ITEMSIZE[a.dtype] * a.cols, ctx.n_sm)
-        return [unit.with_(attrs=dict(unit.attrs, rows_per_instr=per))]
-
-    def count(self, unit) -> int:
-        return -(-unit.inputs[0].rows // unit.attrs["rows_per_instr"])
 
     def lower(self, unit) -> Lowered:
         a, b = unit.inputs

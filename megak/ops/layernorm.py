@@ -13,7 +13,7 @@ from .. import abi
 from ..graph import check_2d, check_positive_number, check_row_vector
 from . import _epilogue
 from ._rowwise import RowwiseOp, vector_reads
-from .base import f32_param, param_bits, region
+from .base import f32_param, region
 
 
 def layernorm(self, x, weight, bias, eps=1e-5):
@@ -35,9 +35,6 @@ class LayerNorm(RowwiseOp):
     passes = 3
     flops_per_element = 8
     build = staticmethod(layernorm)
-
-    def param_bits(self, unit) -> int:
-        return param_bits(unit.attrs["eps"])
 
     def simulate(self, rec, tensors):
         t = rec["tensor"]

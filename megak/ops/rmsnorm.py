@@ -12,7 +12,7 @@ from .. import abi
 from ..graph import check_2d, check_positive_number, check_row_vector
 from . import _epilogue
 from ._rowwise import RowwiseOp, vector_reads
-from .base import f32_param, param_bits, region
+from .base import f32_param, region
 
 
 def rmsnorm(self, x, weight, eps=1e-6):
@@ -31,9 +31,6 @@ class RmsNorm(RowwiseOp):
     operands = (abi.ARG_A, abi.ARG_B)
     flops_per_element = 4
     build = staticmethod(rmsnorm)
-
-    def param_bits(self, unit) -> int:
-        return param_bits(unit.attrs["eps"])
 
     def simulate(self, rec, tensors):
         t = rec["tensor"]

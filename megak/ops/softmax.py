@@ -14,7 +14,7 @@ from ..graph import check_2d
 from ..errors import GraphError
 from . import _epilogue
 from ._rowwise import RowwiseOp
-from .base import f32_param, param_bits, region
+from .base import f32_param, region
 
 
 def softmax(self, x, scale=1.0, causal=False):
@@ -45,8 +45,7 @@ class Softmax(RowwiseOp):
     def flags(self, unit) -> int:
         return abi.FLAG_CAUSAL if unit.attrs["causal"] else 0
 
-    def param_bits(self, unit) -> int:
-        return param_bits(unit.attrs["scale"])
+    param_attr = "scale"
 
     def simulate(self, rec, tensors):
         t = rec["tensor"]

@@ -38,12 +38,11 @@ import weakref
 import numpy as np
 
 from .. import abi, dtypes, pages
-from ..errors import (GraphError, MegakernelError, MegakernelHang, raise_for_status,
-                      sm_states_to_dicts, status_to_dict)
+from ..errors import GraphError, MegakernelError, MegakernelHang, raise_for_status
 from ..plan import Plan, TensorSlot
 from . import memory as mem
 from .driver import CudaError, _bindings, check, device_info, require_gpu
-from .invocation import HostView, next_epoch
+from .invocation import HostView
 
 
 # Errors after which the CUDA context is dead for the rest of the process.

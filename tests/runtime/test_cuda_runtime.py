@@ -10,7 +10,8 @@ import megak
 from megak import abi, pages
 from megak.errors import GraphError, MegakernelError, MegakernelHang
 from megak.plan import Plan, TensorSlot
-from megak.runtime.executor import counter_max_target, next_epoch
+from megak.runtime.executor import counter_max_target
+from megak.runtime.invocation import next_epoch
 from tests.reference import assert_close, evaluate, random_inputs
 
 NOP = abi.OP_NOP
@@ -398,7 +399,6 @@ class _FakeGpu:
     def nop_kernel(self, params_ptr, tensors_ptr, ticket):
         """NOP queues on the CPU, then the end of the invocation as the device's last block
         does it (megak.runtime.invocation.finish)."""
-        from megak.runtime import invocation
         p = self.view(params_ptr, abi.PARAMS_DTYPE, 1)[0]
         n_sm = int(p["n_sm"])
         qs = self.view(int(p["queue_start"]), np.uint32, n_sm + 1)
