@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -740,6 +741,14 @@ def traced_bubbles(prog, w: W.Workload, inputs: dict, ref) -> dict:
     return prog.last_trace.bubble_summary()
 
 
+def _record_failure(failures: list, workload: str, log, variant: str, stage: str,
+                    exc) -> None:
+    """One failed variant: into the results' failures, and said in the log."""
+    failures.append({"workload": workload, "variant": variant,
+                     "error": f"{stage}: {_error(exc)}"})
+    log(f"  {workload}/{variant}: FAILED {stage}: {_error(exc)}")
+
+
 def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
                      rng: np.random.Generator, log=print, backend: str = "cuda",
                      bench_cls=None) -> tuple[list, list, list]:
@@ -754,10 +763,7 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
     inputs = w.make_inputs(rng)
     ref = w.reference(inputs, rng)
 
-    def fail(variant, stage, exc):
-        failures.append({"workload": w.name, "variant": variant,
-                         "error": f"{stage}: {_error(exc)}"})
-        log(f"  {w.name}/{variant}: FAILED {stage}: {_error(exc)}")
+    fail = functools.partial(_record_failure, failures, w.name, log)
 
     def record(variant, times, err):
         r = make_result(w.name, variant, times, w.metric, w.work, check_text(err))
@@ -866,10 +872,7 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
     inputs = w.make_inputs(rng)
     ref = w.reference(inputs, rng)
 
-    def fail(variant, stage, exc):
-        failures.append({"workload": w.name, "variant": variant,
-                         "error": f"{stage}: {_error(exc)}"})
-        log(f"  {w.name}/{variant}: FAILED {stage}: {_error(exc)}")
+    fail = functools.partial(_record_failure, failures, w.name, log)
 
     def record(variant, times, err, **extra):
         r = make_result(w.name, variant, times, w.metric, w.work, check_text(err))
