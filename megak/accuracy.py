@@ -44,18 +44,13 @@ ACTIVATION_SLOPE = {"relu": 1.0, "gelu": 1.13, "silu": 1.1}
 # 6 u |silu(v)| <= 6 u |v|. relu is exact.
 ACTIVATION_EVAL_ERROR = {"relu": 0.0, "gelu": 8.0, "silu": 8.0}
 
-_GELU_C = 0.7978845608028654   # sqrt(2 / pi)
-
-
 def exact_activation(v: np.ndarray, name: str) -> np.ndarray:
-    """The epilogue activations, exactly (float64)."""
-    if name == "relu":
-        return np.maximum(v, 0.0)
-    if name == "gelu":
-        return 0.5 * v * (1.0 + np.tanh(_GELU_C * (v + 0.044715 * v ** 3)))
-    if name == "silu":
-        return v / (1.0 + np.exp(-v))
-    raise ValueError(f"unknown activation {name!r}; allowed: {', '.join(ACTIVATION_SLOPE)}")
+    """The epilogue activations, exactly (float64): the simulator's definitions
+    (megak/ops/_epilogue.py) evaluated in float64."""
+    if name not in ACTIVATION_SLOPE:
+        raise ValueError(f"unknown activation {name!r}; allowed: {', '.join(ACTIVATION_SLOPE)}")
+    from .ops._epilogue import activation
+    return activation(np.asarray(v, dtype=np.float64), name)
 
 
 def accumulation_gamma(k: int) -> float:
