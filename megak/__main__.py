@@ -10,8 +10,7 @@ import platform
 import sys
 from importlib import metadata
 
-from .backend_choice import BackendChoice, choose_backend
-from .program import BACKENDS
+from .backend_choice import BACKENDS, BackendChoice, choose_backend
 
 EXIT_FAILED = 1   # the run failed, or cannot run on this machine
 EXIT_USAGE = 2    # an argument or MEGAK_BACKEND value that is wrong on any machine
@@ -72,7 +71,7 @@ def info() -> int:
               f"{pages.PAGE_BYTES} B ({pages.smem_bytes(n_pages)} B requested per block)")
         print(f"  memory: {d['free_mem'] / 2**30:.1f} GiB free of {d['total_mem'] / 2**30:.1f} GiB")
     elif choice.runnable:
-        print(f"GPU: none usable ({choice.gpu_reason}); the simulator runs instead, "
+        print(f"GPU: none usable ({driver.gpu_unusable_reason()}); the simulator runs instead, "
               f"{pages.DEFAULT_PAGES} pages/SM as on H100/H200")
     else:
         print(f"GPU: none usable ({choice.gpu_reason})")

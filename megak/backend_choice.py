@@ -1,16 +1,16 @@
 """Which backend a run would get, and whether it can run, for messages before compile().
 
-megak.compile() picks: its `backend` argument, else MEGAK_BACKEND, else "cuda" when a GPU is
-usable, else "sim"; a "cuda" request without a usable GPU raises there. The command line
-asks the same questions first, so that it can answer in one line instead of a traceback.
+megak.compile() picks (program.resolve_backend, built on `choose_backend`): its `backend`
+argument, else MEGAK_BACKEND, else "cuda" when a GPU is usable, else "sim"; a "cuda" request
+without a usable GPU raises there. The command line asks the same questions first, so that it
+can answer in one line instead of a traceback.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from .program import BACKENDS
-from .runtime.driver import gpu_unusable_reason, gpu_usable
+BACKENDS = ("sim", "cuda")
 
 
 @dataclass
@@ -37,12 +37,16 @@ class BackendChoice:
         return "the default"
 
 
-def choose_backend(cli_backend: str | None = None) -> BackendChoice:
-    """The backend compile(backend=cli_backend) would resolve, and who asked for it."""
-    reason = "" if gpu_usable() else (gpu_unusable_reason() or "no reason given")
-    if cli_backend:
-        return BackendChoice(cli_backend, "--backend", reason)
+def choose_backend(backend: str | None = None, source: str = "--backend") -> BackendChoice:
+    """The backend compile(backend=...) resolves, and who asked for it (`source` names the
+    caller's argument). The GPU is probed only when the answer depends on it."""
+    def reason() -> str:
+        from .runtime.driver import gpu_unusable_reason, gpu_usable
+        return "" if gpu_usable() else (gpu_unusable_reason() or "no reason given")
+    if backend:
+        return BackendChoice(backend, source, reason() if backend == "cuda" else "")
     env = os.environ.get("MEGAK_BACKEND")
     if env:
-        return BackendChoice(env, "MEGAK_BACKEND", reason)
-    return BackendChoice("sim" if reason else "cuda", "default", reason)
+        return BackendChoice(env, "MEGAK_BACKEND", reason() if env == "cuda" else "")
+    why = reason()
+    return BackendChoice("sim" if why else "cuda", "default", why)

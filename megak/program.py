@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import abi, interop, pages, scheduler
+from .backend_choice import BACKENDS, choose_backend
 from .dtypes import numpy_dtype
 from .errors import GraphError, MegakernelError
 from .graph import Graph
@@ -19,7 +19,6 @@ from .trace import Trace
 
 __all__ = ["BACKENDS", "DEFAULT_SIM_SMS", "Program", "compile", "resolve_backend"]
 
-BACKENDS = ("sim", "cuda")
 DEFAULT_SIM_SMS = 132  # an H200's SM count, so the simulator runs the GPU's queue shapes
 # kinds of caller arrays a result can be copied into once the run is over
 _COPY_TARGETS = ("numpy", "torch", "cupy")
@@ -28,14 +27,10 @@ _MAX_CALLS = 64     # checked descriptions of recent calls kept per program
 
 def resolve_backend(backend: str | None) -> str:
     """None -> MEGAK_BACKEND, else "cuda" when a GPU is usable, else "sim"."""
-    if backend is None:
-        backend = os.environ.get("MEGAK_BACKEND") or None
-    if backend is None:
-        from .runtime.driver import gpu_usable
-        backend = "cuda" if gpu_usable() else "sim"
-    if backend not in BACKENDS:
-        raise GraphError(f"unknown backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    return backend
+    name = choose_backend(backend, "backend").name
+    if name not in BACKENDS:
+        raise GraphError(f"unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+    return name
 
 
 def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None,
