@@ -102,7 +102,7 @@ TARGETS: dict[str, Target] = {
 }
 
 #: the megakernel itself, in its forms: never the "best other variant" it is compared with
-MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch")
+MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "megak_resident")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
@@ -471,7 +471,7 @@ def write_chart(doc: dict, path: Path) -> bool:
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     colors = {"separate": "#4c72b0", "graph": "#55a868", "torch": "#c44e52",
-              "torch_graph": "#8172b2", "megak_launch": "#dd8452"}
+              "torch_graph": "#8172b2", "megak_launch": "#dd8452", "megak_resident": "#937860"}
     ys = np.arange(len(rows))[::-1]
     lo, hi = 1.0, 1.0
     for k, v in enumerate(others):
@@ -934,9 +934,23 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
                     f"overhead per call {fmt(row['host_overhead_us'])} us")
             except Exception as exc:
                 fail(v, "device time", exc)
+        # -- megak_resident: the same program served by a resident kernel -------------------
+        v = "megak_resident"
+        try:
+            reps, warmup = _reps(w, v, quick)
+            env.poison_tensors(outs.values())   # before: the resident kernel holds every SM
+            with megak.resident(prog) as r:
+                def submit():
+                    return r.submit(prog, out=outs, **tin).wait()
+                times = time_calls(submit, reps, warmup)
+                launches = r.launches
+            err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
+            record(v, times, err, kernel_launches=launches)
+        except Exception as exc:
+            fail(v, "timing/check", exc)
     except Exception as exc:
         done = {f["variant"] for f in failures} | {r["variant"] for r in results}
-        for v in megak_variants:
+        for v in megak_variants + ("megak_resident",):
             if v not in done:
                 fail(v, stage, exc)
     finally:

@@ -638,10 +638,11 @@ def w6_compile_cached() -> HostWorkload:
 LAUNCH_BATCH = 1000
 
 #: the call-path variants, in table order (report.run_call_workload)
-CALL_VARIANTS = ("megak_run", "megak_launch", "torch", "torch_graph")
+CALL_VARIANTS = ("megak_run", "megak_launch", "megak_resident", "torch", "torch_graph")
 
 # (timed reps, warm-up) per variant; megak_launch counts batches of LAUNCH_BATCH launches
-_CALL_REPS = {"megak_run": (1000, 100), "megak_launch": (20, 2), "torch": (1000, 100),
+_CALL_REPS = {"megak_run": (1000, 100), "megak_launch": (20, 2), "megak_resident": (1000, 100),
+              "torch": (1000, 100),
               "torch_graph": (1000, 100)}
 
 _CALL_HOW = ("torch tensors on the GPU in, out= for every output the graph declares; "
@@ -700,8 +701,8 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
 QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached",
          "W7-call-copy")
 
-VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "separate", "graph", "torch",
-            "torch_graph")
+VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "megak_resident", "separate",
+            "graph", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
@@ -709,6 +710,9 @@ VARIANT_DESCRIPTIONS = {
                  "wall-clock from Python; the figure the W7 rows compare with",
     "megak_launch": f"call path (W7): {LAUNCH_BATCH:,} prog.launch(...) back to back, one "
                     f"wait() on the last; batch wall-clock / {LAUNCH_BATCH:,} per call",
+    "megak_resident": "call path (W7): the program served by megak.resident(prog): "
+                      "r.submit(prog, out=..., **tensors).wait() per call, wall-clock; one "
+                      "kernel launch for all calls",
     "separate": "one kernel launch per graph op, same device op code (entry megak_op), "
                 "stream order as the dependency (Bench.time_separate)",
     "graph": "the separate launches captured once in a CUDA graph and replayed "

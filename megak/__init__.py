@@ -11,6 +11,7 @@
 from .errors import GraphError, MegakernelError, MegakernelHang
 from .graph import Graph, Tensor
 from .program import BACKENDS, Program, compile, resolve_backend
+from .resident import Request, Resident, resident
 from .trace import Trace
 
 __all__ = [
@@ -20,10 +21,13 @@ __all__ = [
     "MegakernelError",
     "MegakernelHang",
     "Program",
+    "Request",
+    "Resident",
     "Tensor",
     "Trace",
     "bfloat16",
     "compile",
+    "resident",
     "resolve_backend",
 ]
 __version__ = "0.1.0"

@@ -41,6 +41,7 @@ DTYPES = _enum("mk_dtype")
 OPERANDS = _enum("mk_operand")
 OP_SHAPES = _enum("mk_op_shapes")
 OPERAND_MASKS = _enum("mk_op_operands")
+RESIDENT = _enum("mk_resident_limits")
 TRACE_PHASES = _enum("mk_trace_phase")
 ACTIVATIONS = _enum("mk_activation")
 
@@ -92,7 +93,9 @@ def numpy_dtype(ctype: str) -> np.dtype:
     for name, field in t.fields:
         ft = field.type
         if ft.kind == "array":
-            formats.append((_NUMPY_SCALARS[ft.item.cname], ft.length))
+            item = ft.item
+            base = numpy_dtype(item.cname) if item.kind == "struct" else _NUMPY_SCALARS[item.cname]
+            formats.append((base, ft.length))
         elif ft.kind == "struct":
             formats.append(numpy_dtype(ft.cname))
         else:
@@ -110,6 +113,10 @@ SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
 PARAMS_DTYPE = numpy_dtype("mk_params")
 RUN_STATE_DTYPE = numpy_dtype("mk_run_state")
 HOST_VIEW_DTYPE = numpy_dtype("mk_host_view")
+REQUEST_DTYPE = numpy_dtype("mk_request")
+RESIDENT_STATE_DTYPE = numpy_dtype("mk_resident_state")
+RESIDENT_VIEW_DTYPE = numpy_dtype("mk_resident_view")
+RESIDENT_ARGS_DTYPE = numpy_dtype("mk_resident_args")
 TRACE_DTYPE = numpy_dtype("mk_trace_event")
 
 if INSTR_DTYPE.itemsize != INSTR_BYTES:  # the header contradicts itself: refuse to run
@@ -158,7 +165,8 @@ def layout_asserts() -> str:
     f = ffi()
     lines = ['#include "instr.h"']
     for ctype in ("mk_instr", "mk_tensor", "mk_sm_state", "mk_status", "mk_params",
-                  "mk_trace_event", "mk_run_state", "mk_host_view"):
+                  "mk_trace_event", "mk_run_state", "mk_host_view", "mk_request",
+                  "mk_resident_state", "mk_resident_view", "mk_resident_args"):
         t = f.typeof(ctype)
         lines.append(f'static_assert(sizeof({ctype}) == {f.sizeof(t)}, "sizeof {ctype}");')
         for name, field in t.fields:
@@ -166,7 +174,7 @@ def layout_asserts() -> str:
                          f' "{ctype}.{name}");')
     for enum in ("mk_limits", "mk_op_shapes", "mk_op_operands", "mk_trace_phase",
                  "mk_activation", "mk_opcode", "mk_error", "mk_flags", "mk_dtype",
-                 "mk_operand"):
+                 "mk_operand", "mk_resident_limits"):
         for name, value in _enum(enum).items():
             lines.append(f'static_assert({name} == {value}, "{name}");')
     return "\n".join(lines) + "\n"

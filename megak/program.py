@@ -106,6 +106,7 @@ class Program:
         self.last_trace: Trace | None = None
         self._calls: OrderedDict = OrderedDict()   # call key -> checked _Call (GPU tensors)
         self._sim_failed: list[Handle] = []         # simulator runs whose error is unreported
+        self._resident = None      # the open megak.Resident serving this program, if any
         executor_keywords = dataclasses.asdict(self.options)
         if backend == "sim":
             from .sim import SimExecutor
@@ -164,6 +165,16 @@ class Program:
         outputs of a failed run are never returned as valid. The simulator runs the program
         at launch (in launch order) and reports its errors the same way.
         """
+        if self._resident is not None:
+            raise MegakernelError("this program is served by a resident kernel: submit to it "
+                                  "(Resident.submit), or close that first")
+        return self._launch(out, stream, _trace, inputs)
+
+    def _launch_unguarded(self, out, inputs) -> "Handle":
+        """launch() for a resident kernel's simulator requests."""
+        return self._launch(out, None, False, inputs)
+
+    def _launch(self, out, stream, _trace: bool, inputs: dict) -> "Handle":
         h = None if stream is None else interop.stream_handle(stream)
         key = self._call_key(inputs, out) if not _trace else None
         call = self._calls.get(key) if key is not None else None
@@ -181,12 +192,32 @@ class Program:
         ticket = self._executor.launch(call.arrays, call.slots, external=call.external,
                                        stream=h, trace=_trace)
         if key is not None and call.cacheable:
-            call.binding = self._executor.last_binding
-            call.objects = (dict(inputs), dict(out))   # their ids are in the key
-            self._calls[key] = call
-            if len(self._calls) > _MAX_CALLS:
-                self._calls.popitem(last=False)
+            self._remember(key, call, self._executor.last_binding, inputs, out)
         return Handle(self, call, ticket, _trace, out, inputs)
+
+    def _remember(self, key, call: "_Call", binding, inputs: dict, out: dict) -> None:
+        """Keep a checked call of GPU tensors for the fast path of the next identical one."""
+        call.binding = binding
+        call.objects = (dict(inputs), dict(out))   # their ids are in the key
+        self._calls[key] = call
+        if len(self._calls) > _MAX_CALLS:
+            self._calls.popitem(last=False)
+
+    def _prepare_request(self, inputs: dict, out) -> tuple:
+        """A resident kernel's request (megak.resident): the checked call, and the params
+        block, tensor table and ticket to post, through the same call cache as launch()."""
+        ex = self._executor
+        key = self._call_key(inputs, out)
+        call = self._calls.get(key) if key is not None else None
+        if call is not None and call.binding is not None and call.binding.live:
+            params, table, ticket, _ = ex.prepare_request({}, [], binding=call.binding)
+            return call, params, table, ticket
+        call = self._describe(inputs, out)
+        params, table, ticket, binding = ex.prepare_request(call.arrays, call.slots,
+                                                            external=call.external)
+        if key is not None and call.cacheable:
+            self._remember(key, call, binding, inputs, out)
+        return call, params, table, ticket
 
     def check(self) -> None:
         """Raise the error of a run that failed and was not reported yet (launches never
@@ -275,7 +306,10 @@ class Program:
             if how == "new":
                 results[name] = new
                 continue
-            value = host[slot].reshape(plan.output_shapes[name]).copy()
+            if slot in host:
+                value = host[slot].reshape(plan.output_shapes[name]).copy()
+            else:   # an output that is a GPU input, read in place: that input's values
+                value = interop.to_host(call.external[slot]).reshape(plan.output_shapes[name])
             if name in call.targets:
                 _copy_into(out[name], value)
                 results[name] = out[name]
@@ -378,7 +412,11 @@ class Program:
         """Free what the backend holds now: on "cuda", the program's device and pinned
         memory and its streams (otherwise freed when the Program is garbage collected); on
         "sim", nothing. Calling it again does nothing. A closed "cuda" program raises
-        MegakernelError if run."""
+        MegakernelError if run. A program served by an open resident kernel is not closed:
+        close that first (MegakernelError)."""
+        if self._resident is not None:
+            raise MegakernelError("this program is served by an open resident kernel; close "
+                                  "that first")
         self._executor.close()
 
     def __enter__(self) -> "Program":

@@ -29,7 +29,7 @@ ARCH = "sm_90a"
 ENTRIES = ("megakernel", "megak_op")
 # the interpreter's control code may keep a few values in local memory (register saves around
 # the op calls; tests/test_device_compile.py bounds them)
-CONTROL_FUNCTIONS = ("mk_compute", "mk_loader")
+CONTROL_FUNCTIONS = ("mk_compute", "mk_loader", "megakernel_resident")
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 
 

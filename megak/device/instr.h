@@ -240,7 +240,8 @@ typedef struct mk_params {
     mk_u64 host_view;     /* mk_host_view, mapped pinned host memory (its device address) */
     mk_u64 host_sm_state; /* mk_sm_state[n_sm], mapped pinned: the failing invocation's */
     mk_u32 max_target;    /* signals per run of the busiest counter (epoch wrap) */
-    mk_u32 pad;
+    mk_u32 n_active;      /* blocks that take part in an invocation: block 0 and every block
+                             b < n_sm with a non-empty queue (the others leave at once) */
 } mk_params;
 
 /* What the device keeps between invocations of one program, in device memory. The last block
@@ -263,6 +264,59 @@ typedef struct mk_host_view {
     mk_u32 pad;
     mk_status status;     /* that invocation's status record */
 } mk_host_view;
+
+/* The resident kernel (megakernel_resident): launched once, it serves requests the host
+ * writes into a ring in mapped pinned memory, each one invocation of a program, in order, and
+ * leaves on a close request, after an idle deadline or after a failed request. Requests are
+ * numbered 1, 2, ... (0 is skipped when the number wraps); request s lives in ring slot
+ * s % MK_RING_SLOTS. The protocol is in megakernel.cu (mk_relay, megakernel_resident) and
+ * modelled in megak/runtime/resident_model.py. */
+enum mk_resident_limits {
+    MK_RING_SLOTS = 64,        /* requests the host may have posted and not yet seen taken */
+    MK_MIRROR_SLOTS = 8,       /* requests block 0 republishes in device memory */
+    MK_RESIDENT_CLOSED = 1,    /* exit reasons (mk_resident_view.reason) */
+    MK_RESIDENT_IDLE = 2,
+    MK_RESIDENT_FAILED = 3,
+    MK_RESIDENT_LOST = 4       /* a request did not end within the relay's deadline */
+};
+
+/* One request: an invocation of a program (its params block) on a tensor table. */
+typedef struct mk_request {
+    mk_u64 params;        /* the program's mk_params (device address); 0: leave */
+    mk_u64 tensors;       /* the tensor table of this request */
+    mk_u32 ticket;        /* the program's ticket for it (its host view reports it) */
+    mk_u32 seq;           /* the request's number; the host writes it last */
+} mk_request;
+
+/* Device memory of a resident kernel; the host writes it before each launch. */
+typedef struct mk_resident_state {
+    mk_u32 go;            /* block 0's relay: the newest request published in mirror[] */
+    mk_u32 closed;        /* the newest request whose invocation is over (its last block) */
+    mk_u32 failed;        /* non-zero: request `closed` failed, the kernel leaves */
+    mk_u32 pad;
+    mk_request mirror[MK_MIRROR_SLOTS];   /* request s in mirror[s % MK_MIRROR_SLOTS] */
+} mk_resident_state;
+
+/* Mapped pinned host memory, written by block 0's relay: what the host needs to reuse ring
+ * slots and to know that the kernel has left (and from which request a new launch starts). */
+typedef struct mk_resident_view {
+    mk_u32 taken;         /* the newest request taken from the ring */
+    mk_u32 reason;        /* MK_RESIDENT_*: why the kernel left */
+    mk_u32 next;          /* the first request it did not serve */
+    mk_u32 left;          /* the generation of the launch that left, written last */
+} mk_resident_view;
+
+/* The resident kernel's one argument, by value. */
+typedef struct mk_resident_args {
+    mk_u64 ring;          /* mk_request[MK_RING_SLOTS], mapped pinned (device address) */
+    mk_u64 view;          /* mk_resident_view, mapped pinned (device address) */
+    mk_u64 state;         /* mk_resident_state, device memory */
+    mk_u64 seen;          /* mk_u32[grid]: the newest request each block has read */
+    mk_u64 idle_ns;       /* leave after this long with no request */
+    mk_u64 wait_ns;       /* the longest one request may take before the relay gives up */
+    mk_u32 first;         /* the first request this launch serves */
+    mk_u32 generation;    /* this launch's number, written into view.left when it leaves */
+} mk_resident_args;
 
 /* Phase boundaries of one instruction, %globaltimer ns (logical steps in the simulator). */
 enum mk_trace_phase {

@@ -555,8 +555,17 @@ __device__ __noinline__ void mk_compute()
     }
 }
 
-/* The end of one invocation, once per block, by one thread after both of the block's roles
- * are done (the join barrier): the last block of the grid to get here closes the invocation.
+/* Whether block b takes part in an invocation: block 0 always (it closes an invocation with
+ * nothing to run), any other block of the program's grid only with a non-empty queue; the rest
+ * leave at once. mk_params.n_active counts them (the host: executor.active_blocks). */
+__device__ __forceinline__ bool mk_block_active(mk_u32 b, mk_u32 n_sm, mk_u32 q_begin,
+                                                mk_u32 q_end)
+{
+    return b < n_sm && (b == 0u || q_end != q_begin);
+}
+
+/* The end of one invocation, once per active block, by one thread after both of the block's
+ * roles are done (the join barrier): the last active block to get here closes the invocation.
  *
  * Ordering. Each block's writes (outputs, status, sm_state) happen before its fence, which
  * happens before its relaxed add to run_state->exited (release pattern). The last block's
@@ -569,22 +578,33 @@ __device__ __noinline__ void mk_compute()
  *   - on success, moves to the next epoch, zeroing the counters first where the next epoch's
  *     targets, (epoch + 1) * max_target, would pass 2^31 (the signed wait test);
  *   - resets the device status record for the next invocation;
- *   - and last, after a system-scope fence, raises host_view->ticket_done to its ticket: a
- *     host that sees the ticket sees everything above. The next invocation of the program
- *     starts after this kernel ends (stream order, or one grid per GPU for a cooperative
- *     launch that needs every SM), so it reads the advanced run state and a clean status.
+ *   - after a system-scope fence, raises host_view->ticket_done to its ticket: a host that
+ *     sees the ticket sees everything above. The next invocation of the program starts after
+ *     this kernel ends (stream order, or one grid per GPU for a cooperative launch that needs
+ *     every SM), so it reads the advanced run state and a clean status;
+ *   - in the resident kernel (res != null), last, marks request `request` closed (release):
+ *     the relay publishes the next request only after reading that, so the next invocation
+ *     reads the advanced run state and a clean status there too.
  * Nothing here is per launch on the host side: graph replays advance the state the same way. */
-__device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket)
+__device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resident_state* res,
+                                     mk_u32 request)
 {
     mk_run_state* rs = reinterpret_cast<mk_run_state*>(p.run_state);
-    __threadfence();
-    if (atomicAdd(&rs->exited, 1u) != p.n_sm - 1u)
-        return;
-    __threadfence();
+    /* One active block (a one-instruction graph) is the last by itself: what it and its
+     * loader wrote is ordered before this thread by the join barrier. */
+    if (p.n_active > 1u) {
+        __threadfence();
+        if (atomicAdd(&rs->exited, 1u) != p.n_active - 1u)
+            return;
+        __threadfence();
+    }
     volatile mk_status* st = reinterpret_cast<mk_status*>(p.status);
     volatile mk_host_view* hv = reinterpret_cast<mk_host_view*>(p.host_view);
-    mk_u32 error = st->error;
-    if (error == MK_OK && st->finished_blocks != p.n_sm)
+    volatile mk_u32* done = &rs->ticket_done;
+    /* three independent reads, in flight together (each is an L2 round trip) */
+    const mk_u32 status_error = st->error, finished = st->finished_blocks, done_before = *done;
+    mk_u32 error = status_error;
+    if (error == MK_OK && finished != p.n_active)
         error = MK_ERR_ABORTED;    /* stopped from outside (the host's watchdog) */
     bool zero = error != MK_OK;
     mk_u32 epoch = 0;
@@ -627,15 +647,18 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket)
     rs->epoch = epoch;
     rs->exited = 0u;
     /* a replayed graph carries an older ticket: keep the max */
-    volatile mk_u32* done = &rs->ticket_done;
-    const mk_u32 newest = (int)(ticket - *done) > 0 ? ticket : *done;
+    const mk_u32 newest = (int)(ticket - done_before) > 0 ? ticket : done_before;
     *done = newest;
     __threadfence_system();
     hv->ticket_done = newest;
+    if (res != nullptr) {
+        reinterpret_cast<volatile mk_resident_state*>(res)->failed = error != MK_OK;
+        mk_st_release(&res->closed, request);
+    }
 }
 
-/* Both roles of a block meet here before mk_finish_invocation: warps 0-7 and the loader warp
- * (warps 9-11 left after setmaxnreg and take no part). */
+/* Both roles of a block meet here: warps 0-7 and the loader warp (warps 9-11 left after
+ * setmaxnreg and take no part). Every call site is reached by all 288 threads. */
 enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 32 };
 
 __device__ __forceinline__ void mk_join_roles()
@@ -643,10 +666,57 @@ __device__ __forceinline__ void mk_join_roles()
     asm volatile("bar.sync %0, %1;" : : "n"((int)MK_JOIN_BARRIER), "n"((int)MK_JOIN_THREADS) : "memory");
 }
 
+/* Thread 0: the block's set-up for one invocation of the program `params` on `tensors`: its
+ * queue, a fresh page allocator and slot barriers, and the check that the program's pages fit
+ * this launch's shared memory. False (after mk_stop) when the block cannot run it. */
+__device__ bool mk_begin_invocation(const mk_params* params, const mk_tensor* tensors,
+                                    mk_u32 ticket, mk_u32 q_begin, mk_u32 q_end)
+{
+    mk_control& ctl = mk_ctl();
+    ctl.params = *params;
+    ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
+    /* the previous invocation's last block wrote it before that kernel ended (or, resident,
+     * before it closed the request the relay waited for) */
+    ctl.params.epoch = reinterpret_cast<const volatile mk_run_state*>(params->run_state)->epoch;
+    ctl.ticket = ticket;
+    ctl.n = q_end >= q_begin ? q_end - q_begin : 0u;
+    ctl.q_begin = q_begin;
+    const mk_u32 n_pages = ctl.params.n_pages;
+    ctl.free_pages = mk_all_pages_mask(n_pages);
+    for (int i = 0; i < 2; ++i) {
+        mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
+        mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */
+    }
+    const unsigned char* page_array = mk_page_array(mk_smem);
+    const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
+    mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
+    if (q_end < q_begin) {
+        e.error = MK_ERR_BAD_DESCRIPTOR;
+    } else if (n_pages > MK_MAX_PAGES || need > mk_dynamic_smem_size()) {
+        e.error = MK_ERR_PAGES;
+        e.expected = (mk_u32)need;
+        e.observed = mk_dynamic_smem_size();
+    }
+    if (e.error != MK_OK) {
+        mk_stop(ctl.params, e);
+        return false;
+    }
+    return true;
+}
+
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
 static_assert(MK_BLOCK_THREADS == MK_THREADS + 128, "the loader is one warpgroup");
 static_assert(MK_LOADER_REGS * 128 + MK_COMPUTE_REGS * MK_THREADS <= 65536,
               "setmaxnreg: the register file holds both roles");
+
+/* setmaxnreg hands the loader warpgroup's registers to the compute warps: the GEMM bodies
+ * need ~200 per thread, the loader a few dozen. ptxas allocates a function for the count
+ * set on the path that calls it, so each role's calls sit inside its own branch after its
+ * own setmaxnreg (a call reached from both paths would get the loader's 56 registers). */
+#define MK_LOADER_SETMAXNREG() \
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" : : "n"((int)MK_LOADER_REGS))
+#define MK_COMPUTE_SETMAXNREG() \
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" : : "n"((int)MK_COMPUTE_REGS))
 
 /* params: the program's parameter block; tensors: this launch's tensor table (megak's own, or
  * one with caller-owned memory bound in); ticket: the host's number for this launch, written
@@ -655,71 +725,283 @@ extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1)
 megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
 {
     mk_control& ctl = mk_ctl();
-    unsigned char* const page_array = mk_page_array(mk_smem);
     const mk_u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const mk_u32 sm = blockIdx.x;
     if (sm >= params->n_sm)
         return;   /* more blocks than queues: nothing to run, nowhere to report */
-
     /* Host-written before launch, read-only here: plain loads are fine. */
     const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(params->queue_start);
     const mk_u32 q_begin = queue_start[sm], q_end = queue_start[sm + 1];
-    const mk_u32 n = q_end >= q_begin ? q_end - q_begin : 0u;
-    const mk_instr* queue = reinterpret_cast<const mk_instr*>(params->instrs) + q_begin;
+    if (!mk_block_active(sm, params->n_sm, q_begin, q_end))
+        return;   /* an empty queue: this block takes no part in the invocation */
 
-    /* 0. Set up: the pages the host carved must fit in what this launch really has. The stop
-     * decision travels by __syncthreads_or (the last use of barrier 0: warps leave after it). */
+    /* 0. Set up. The stop decision travels by __syncthreads_or (the last use of barrier 0:
+     * warps leave after it). */
     int stop = 0;
-    if (tid == 0) {
-        ctl.params = *params;
-        ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
-        /* the previous invocation's last block wrote it before that kernel ended */
-        ctl.params.epoch = reinterpret_cast<const volatile mk_run_state*>(params->run_state)->epoch;
-        ctl.ticket = ticket;
-        ctl.n = n;
-        ctl.q_begin = q_begin;
-        const mk_u32 n_pages = params->n_pages;
-        ctl.free_pages = mk_all_pages_mask(n_pages);
-        for (int i = 0; i < 2; ++i) {
-            mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
-            mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */
-        }
-        const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
-        mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
-        if (q_end < q_begin) {
-            e.error = MK_ERR_BAD_DESCRIPTOR;
-        } else if (n_pages > MK_MAX_PAGES || need > mk_dynamic_smem_size()) {
-            e.error = MK_ERR_PAGES;
-            e.expected = (mk_u32)need;
-            e.observed = mk_dynamic_smem_size();
-        }
-        if (e.error != MK_OK) {
-            mk_stop(*params, e);
-            stop = 1;
-        }
-    }
+    if (tid == 0)
+        stop = !mk_begin_invocation(params, tensors, ticket, q_begin, q_end);
     if (__syncthreads_or(stop)) {
         if (tid == 0)
-            mk_finish_invocation(ctl.params, ticket);
+            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);
         return;
     }
-
-    /* Roles. setmaxnreg hands the loader warpgroup's registers to the compute warps: the
-     * GEMM bodies need ~200 per thread, the loader a few dozen. */
     if (warp >= MK_THREADS / 32) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" : : "n"((int)MK_LOADER_REGS));
+        MK_LOADER_SETMAXNREG();
         if (warp != MK_THREADS / 32)
             return;
-        mk_loader(queue, n, lane);
+        mk_loader(reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin, ctl.n, lane);
     } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" : : "n"((int)MK_COMPUTE_REGS));
+        MK_COMPUTE_SETMAXNREG();
         mk_compute();
     }
     /* one barrier instruction for both roles (an aligned barrier reached from two code
      * sites is a divergence to synccheck) */
     mk_join_roles();
     if (tid == 0)
-        mk_finish_invocation(ctl.params, ctl.ticket);
+        mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);
+}
+
+/* ---- the resident kernel -------------------------------------------------------------------
+ *
+ * Launched once (cooperatively, one block per SM), it serves requests: each one invocation of
+ * a program, as megakernel() would run it, in the order the host numbered them.
+ *
+ *   host        ring[s % MK_RING_SLOTS] = {params, tensors, ticket}, then .seq = s
+ *   relay       block 0, warp 9 (mk_relay): takes request s from the ring once
+ *               request s - 1 is closed, republishes it in device memory (mirror, go = s)
+ *   every block thread 0 waits for go to reach s, reads the mirror (mk_take_request);
+ *               the block runs the invocation if it is active in it, else skips it
+ *   last block  of the invocation: mk_finish_invocation, then closed = s
+ *
+ * One decider, the relay, makes every block see the same sequence of requests and leave at
+ * the same one: a close request (params 0), the idle deadline, a failed request, or a request
+ * that did not end within wait_ns all become a "leave" entry in the mirror. 132 blocks each
+ * polling the host ring over PCIe took 530 us per request (tools/probe_resident.py); one
+ * poller and an L2 hop, 4.7 us.
+ *
+ * Ordering:
+ *   - host -> relay: the host writes an entry's fields, then its seq (x86 stores are seen in
+ *     order); the relay's ld.acquire.sys of seq orders its reads of the fields after it.
+ *   - relay -> blocks: the mirror entry's writes, then st.release go; a block's relaxed poll
+ *     of go reaching s, then fence.acquire (which also invalidates its SM's L1: tensor
+ *     tables and params the host wrote since are read fresh), then the entry.
+ *   - mirror reuse: a block writes seen[b] = s (release) after reading entry s; the relay
+ *     overwrites slot s % MK_MIRROR_SLOTS only once every block's seen has reached
+ *     s - MK_MIRROR_SLOTS (relaxed reads, then fence.acquire).
+ *   - invocation order: request s - 1's last block closes it (mk_finish_invocation: run
+ *     state advanced, status reset, then closed = s - 1 with release); the relay publishes s
+ *     only after reading closed == s - 1 (acquire), so every block of s reads the advanced
+ *     state. A block leaves s - 1 only after its join barrier, so ctl is free for s.
+ *   - relay -> host: view.taken = s with st.release.sys after the ring entry's reads, so the
+ *     host may then reuse the slot; on leaving, view.next and view.reason, then view.left
+ *     (release): a host that sees left knows from which request a new launch starts.
+ * megak/runtime/resident_model.py is this protocol in Python; its tests drive it through
+ * random interleavings and catch the misuses the rules above exclude. */
+enum { MK_REQUEST_RUN = 1, MK_REQUEST_SKIP = 2, MK_REQUEST_LEAVE = 3, MK_REQUEST_FAILED = 4 };
+
+/* Thread 0 of every block: wait for request s, read it, and set the block up for it. */
+__device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
+{
+    mk_control& ctl = mk_ctl();
+    mk_resident_state* res = reinterpret_cast<mk_resident_state*>(a.state);
+    /* the relay publishes within the idle deadline, or within wait_ns of the running request */
+    const mk_u64 start = mk_globaltimer();
+    const mk_u64 deadline = mk_deadline(a.idle_ns + a.wait_ns + 1000000000ull);
+    while (!mk_reached(mk_ld_relaxed(&res->go), s)) {
+        const mk_u64 now = mk_globaltimer();
+        if (now > deadline) {
+            ctl.request = MK_REQUEST_LEAVE;   /* the relay is gone */
+            return;
+        }
+        if (now - start > MK_WAIT_HOT_NS)
+            __nanosleep(MK_WAIT_COLD_SLEEP_NS);   /* idle: spare L2 */
+    }
+    mk_fence_acquire();
+    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];
+    const mk_u64 params = m->params, tensors = m->tensors;
+    const mk_u32 ticket = m->ticket;
+    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);
+    if (params == 0ull) {
+        ctl.request = MK_REQUEST_LEAVE;
+        return;
+    }
+    const mk_params* p = reinterpret_cast<const mk_params*>(params);
+    const mk_u32 n_sm = p->n_sm, b = blockIdx.x;
+    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(p->queue_start);
+    const mk_u32 q_begin = b < n_sm ? queue_start[b] : 0u;
+    const mk_u32 q_end = b < n_sm ? queue_start[b + 1] : 0u;
+    if (!mk_block_active(b, n_sm, q_begin, q_end)) {
+        ctl.request = MK_REQUEST_SKIP;
+        return;
+    }
+    for (int i = 0; i < 2; ++i) {         /* initialised for the previous request */
+        mk_mbar_inval(&ctl.full[i]);
+        mk_mbar_inval(&ctl.empty[i]);
+    }
+    const bool ok = mk_begin_invocation(p, reinterpret_cast<const mk_tensor*>(tensors), ticket,
+                                        q_begin, q_end);
+    ctl.request = ok ? MK_REQUEST_RUN : MK_REQUEST_FAILED;
+}
+
+/* Whether every block has read request `s`: each lane looks at every 32nd block's seen
+ * (relaxed loads, all in flight together), the warp votes, one fence.acquire after. */
+__device__ __forceinline__ bool mk_all_seen(const mk_u32* seen, mk_u32 grid, mk_u32 lane,
+                                            mk_u32 s)
+{
+    bool ok = true;
+    for (mk_u32 b = lane; b < grid; b += 32)
+        ok &= mk_reached(mk_ld_relaxed(seen + b), s);
+    ok = __all_sync(0xffffffffu, ok);
+    mk_fence_acquire();
+    return ok;
+}
+
+/* Block 0, warp 9: the relay (see above); lane 0 leads, the warp scans seen[]. Leaves after
+ * publishing a "leave" entry. */
+__device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
+{
+    mk_resident_state* res = reinterpret_cast<mk_resident_state*>(a.state);
+    const mk_u32* seen = reinterpret_cast<const mk_u32*>(a.seen);
+    const mk_u32 grid = gridDim.x;
+    mk_u32 safe = a.first - 1u;     /* every block has read the requests up to here */
+    for (mk_u32 s = a.first;; ++s) {
+        mk_u64 params = 0, tensors = 0;
+        mk_u32 ticket = 0, reason = 0;
+        /* R1. request s from the ring, and request s - 1 closed; the idle clock runs only
+         * while nothing is running and nothing is asked */
+        if (lane == 0) {
+            const mk_request* e = reinterpret_cast<const mk_request*>(a.ring) + s % MK_RING_SLOTS;
+            bool taken = false, closed = false;
+            const mk_u64 start = mk_globaltimer();
+            mk_u64 idle_since = 0;
+            while (!(taken && closed)) {
+                if (!taken && mk_ld_acquire_sys(&e->seq) == s) {
+                    params = mk_ld_relaxed_sys_u64(&e->params);
+                    tensors = mk_ld_relaxed_sys_u64(&e->tensors);
+                    ticket = mk_ld_relaxed_sys(&e->ticket);
+                    taken = true;
+                }
+                if (!closed && mk_ld_relaxed(&res->closed) == s - 1u) {
+                    mk_fence_acquire();
+                    closed = true;
+                    if (reinterpret_cast<volatile mk_resident_state*>(res)->failed) {
+                        reason = MK_RESIDENT_FAILED;
+                        break;
+                    }
+                }
+                const mk_u64 now = mk_globaltimer();
+                if (!closed && now - start > a.wait_ns) {
+                    reason = MK_RESIDENT_LOST;
+                    break;
+                }
+                if (closed && !taken) {
+                    if (idle_since == 0)
+                        idle_since = now;
+                    else if (now - idle_since > a.idle_ns) {
+                        reason = MK_RESIDENT_IDLE;
+                        break;
+                    }
+                }
+            }
+            if (reason == 0 && params == 0ull)
+                reason = MK_RESIDENT_CLOSED;
+        }
+        reason = __shfl_sync(0xffffffffu, reason, 0);
+        /* R2. mirror slot s % MK_MIRROR_SLOTS is free once every block has read request
+         * s - MK_MIRROR_SLOTS. The blocks are rarely behind: look only when `safe` says so,
+         * and then ask for s - 1 first (good for the next MK_MIRROR_SLOTS - 1 requests). */
+        const mk_u64 start_free = mk_globaltimer();
+        while ((int)(safe - (s - MK_MIRROR_SLOTS)) < 0) {
+            if (mk_all_seen(seen, grid, lane, s - 1u))
+                safe = s - 1u;
+            else if (mk_all_seen(seen, grid, lane, s - MK_MIRROR_SLOTS))
+                safe = s - MK_MIRROR_SLOTS;
+            else if (mk_globaltimer() - start_free > a.wait_ns) {
+                reason = MK_RESIDENT_LOST;   /* a block stopped reading requests */
+                break;
+            }
+        }
+        if (lane == 0) {
+            /* R3. publish */
+            volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];
+            m->params = reason != 0 ? 0ull : params;
+            m->tensors = tensors;
+            m->ticket = ticket;
+            m->seq = s;
+            mk_st_release(&res->go, s);
+            /* R4. tell the host */
+            mk_resident_view* view = reinterpret_cast<mk_resident_view*>(a.view);
+            if (reason != 0) {
+                volatile mk_resident_view* v = view;
+                v->next = s;
+                v->reason = reason;
+                mk_st_release_sys(&view->left, a.generation);
+            } else {
+                mk_st_release_sys(&view->taken, s);
+            }
+        }
+        if (reason != 0)
+            return;
+    }
+}
+
+/* The resident kernel's join: the loader and the compute warps loop over requests in two
+ * code paths (each after its own setmaxnreg), so this is the non-aligned barrier, which may be
+ * reached from different instructions. */
+__device__ __forceinline__ void mk_join_requests()
+{
+    asm volatile("barrier.sync %0, %1;" : : "n"((int)MK_JOIN_BARRIER), "n"((int)MK_JOIN_THREADS) : "memory");
+}
+
+/* One role's loop over requests: thread 0 (a compute thread) reads request s and sets the
+ * block up; both roles meet, run it if the block is active in it, meet again (so ctl is not
+ * rewritten while a thread still reads it), and thread 0 counts the block out. */
+template <bool LOADER>
+__device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, mk_u32 lane)
+{
+    mk_control& ctl = mk_ctl();
+    mk_resident_state* res = reinterpret_cast<mk_resident_state*>(a.state);
+    if (!LOADER && tid == 0)
+        for (int i = 0; i < 2; ++i) {     /* valid from the start: each request invalidates */
+            mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
+            mk_mbar_init(&ctl.empty[i], 1u);
+        }
+    for (mk_u32 s = a.first;; ++s) {
+        if (!LOADER && tid == 0)
+            mk_take_request(a, s);
+        mk_join_requests();
+        const mk_u32 what = ctl.request;
+        if (what == MK_REQUEST_LEAVE)
+            return;
+        if (what == MK_REQUEST_RUN) {
+            if (LOADER)
+                mk_loader(reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin,
+                          ctl.n, lane);
+            else
+                mk_compute();
+        }
+        mk_join_requests();
+        if (!LOADER && tid == 0 && what != MK_REQUEST_SKIP)
+            mk_finish_invocation(ctl.params, ctl.ticket, res, s);
+    }
+}
+
+/* The resident kernel: a = where the ring, the host view and the device state are. */
+extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1)
+megakernel_resident(const mk_resident_args a)
+{
+    const mk_u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (warp >= MK_THREADS / 32) {
+        MK_LOADER_SETMAXNREG();
+        if (blockIdx.x == 0 && warp == MK_THREADS / 32 + 1)
+            mk_relay(a, lane);
+        if (warp != MK_THREADS / 32)
+            return;
+        mk_serve<true>(a, tid, lane);
+    } else {
+        MK_COMPUTE_SETMAXNREG();
+        mk_serve<false>(a, tid, lane);
+    }
 }
 
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record

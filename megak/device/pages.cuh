@@ -66,7 +66,9 @@ struct mk_control {
     mk_u32 free_pages;   /* allocator: bit i set = page i free (loader takes, compute gives) */
     mk_stop_info loader_stop;          /* the loader's error details (lane 0) */
     mk_u32 n, q_begin;                 /* this SM's queue: length, first record's index */
-    mk_u32 ticket, pad;                /* this launch's ticket (mk_finish_invocation) */
+    mk_u32 ticket;                     /* this invocation's ticket (mk_finish_invocation) */
+    mk_u32 request;                    /* resident kernel: what this block does with the
+                                          request just read (MK_REQUEST_*) */
     mk_u64 trace_t[MK_TRACE_PHASES];   /* MK_TRACE: compute-side phase times of the running op */
 };
 

@@ -84,6 +84,37 @@ __device__ __forceinline__ void mk_red_relaxed_add(mk_u32* p, mk_u32 v)
     asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 
+/* ---- mapped pinned host memory (system scope): the resident kernel's request ring ------ */
+
+/* A read of host memory the host writes (x86 stores reach memory in program order): an
+ * acquire at system scope, so the fields read after it are at least as new. */
+__device__ __forceinline__ mk_u32 mk_ld_acquire_sys(const mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ mk_u64 mk_ld_relaxed_sys_u64(const mk_u64* p)
+{
+    mk_u64 v;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ mk_u32 mk_ld_relaxed_sys(const mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* A write the host reads, ordered after everything this thread read and wrote before. */
+__device__ __forceinline__ void mk_st_release_sys(mk_u32* p, mk_u32 v)
+{
+    asm volatile("st.release.sys.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
+}
+
 /* Nanoseconds, the same clock on every SM: deadlines of spin loops. */
 __device__ __forceinline__ mk_u64 mk_globaltimer()
 {
@@ -155,6 +186,13 @@ __device__ __forceinline__ void mk_mbar_init(mk_u64* bar, mk_u32 count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
                  : : "r"(mk_smem_addr(bar)), "r"(count) : "memory");
+}
+
+/* Before a barrier's memory is initialised again (the resident kernel's next request): PTX
+ * leaves mbarrier.init on a valid mbarrier object undefined. */
+__device__ __forceinline__ void mk_mbar_inval(mk_u64* bar)
+{
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" : : "r"(mk_smem_addr(bar)) : "memory");
 }
 
 __device__ __forceinline__ void mk_mbar_arrive(mk_u64* bar)

@@ -75,6 +75,13 @@ def counter_max_target(plan: Plan) -> int:
     return int(np.bincount(sig).max()) if len(sig) else 0
 
 
+def active_blocks(plan: Plan) -> int:
+    """Blocks that take part in an invocation (mk_block_active): block 0, and every other
+    block with a non-empty queue; the others leave at once and are not waited for."""
+    sizes = np.diff(np.asarray(plan.queue_start, dtype=np.int64))
+    return 1 + int(np.count_nonzero(sizes[1:]))
+
+
 def validate_plan(plan: Plan) -> None:
     """The structural facts the executor relies on; a broken Plan is a host bug, said clearly."""
     if plan.instrs.dtype != abi.INSTR_DTYPE:
@@ -389,6 +396,7 @@ class CudaExecutor:
         self._binding_host = m.pinned(MAX_BINDINGS * self._table_bytes, "binding tables (host)")
         self._free_binding_slots = list(range(MAX_BINDINGS))
         self._queue_host_buf: mem.PinnedBuffer | None = None
+        self._poison_src: tuple | None = None     # resident requests' poison (debug)
 
     def _upload_tables(self) -> None:
         """Tensor table, queues, params and a zero run state, once; then wait, so the staging
@@ -442,6 +450,8 @@ class CudaExecutor:
         mem.memset32(b["counters"].ptr, 0, self._counter_capacity, self._h)
         mem.memset32(self._run_state.ptr, 0, abi.RUN_STATE_DTYPE.itemsize // 4, self._h)
         mem.memset32(b["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
+        # an inactive block never writes its state: zero reads as "finished an empty queue"
+        mem.memset32(b["sm_state"].ptr, 0, plan.n_sm * abi.SM_STATE_DTYPE.itemsize // 4, self._h)
 
     def _write_params(self, trace_ptr: int = 0) -> None:
         """The params block (host copy) and its stream-ordered upload."""
@@ -465,6 +475,7 @@ class CudaExecutor:
         p["host_view"] = self._host_view_buf.device_ptr
         p["host_sm_state"] = self._host_sm_buf.device_ptr
         p["max_target"] = self._max_target
+        p["n_active"] = active_blocks(self.plan)
         mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
 
     def _setup_launch_args(self) -> None:
@@ -611,6 +622,89 @@ class CudaExecutor:
                     del self._stream_of[t]
             return ticket
 
+    # -- requests of a resident kernel (runtime/resident.py) ------------------------------------
+    def prepare_request(self, inputs: dict[int, np.ndarray], outputs: list[int], *,
+                        external: dict | None = None, binding: _Binding | None = None
+                        ) -> tuple[int, int, int, _Binding | None]:
+        """Everything a resident kernel's request of this program needs before it is posted:
+        a pending error raised, the tensor table bound and in device memory, numpy inputs
+        copied in (on this executor's stream, beside the running kernel: copies need no SM).
+        ``binding``: the table of an earlier identical call (the fast path), else one is
+        found or made for ``external``. Returns (params address, tensor table address,
+        ticket, binding)."""
+        with self._lock:
+            self._check_usable()
+            if self._host.error_pending():
+                self._raise_pending()
+            if inputs or outputs:
+                self._check_io(inputs, outputs)
+            h = self._h
+            queued = bool(inputs) or self.debug or binding is None
+            if binding is None:
+                binding = self._binding(external or {}, h)   # may queue the table's upload
+            elif not binding.live:
+                raise GraphError("prepare_request(): that tensor table was given to other "
+                                 "tensors")
+            if binding is not None and not binding.uploaded:
+                mem.htod(binding.table_ptr,
+                         self._binding_host.ptr + binding.index * self._table_bytes,
+                         self._table_bytes, h)
+                binding.uploaded = True
+                queued = True
+            if inputs:
+                self._settle_pending()
+                self._stage_inputs(inputs, h)
+            if self.debug:
+                self._poison_by_copy(h)
+            # the request is read when the kernel takes it: what was queued above has landed
+            if queued:
+                self._wait_stream("preparing a resident request", h)
+            self._ticket = (self._ticket + 1) & 0xFFFFFFFF or 1
+            if binding is not None:
+                binding.last_ticket = self._ticket
+            table = binding.table_ptr if binding is not None else self._dev_buf["tensors"].ptr
+            if outputs:
+                self._pending[self._ticket] = (list(outputs), False, None)
+            return self._dev_buf["params"].ptr, table, self._ticket, binding
+
+    def finish_request(self, ticket: int) -> dict[int, np.ndarray]:
+        """A resident request the device has finished: its error, else its numpy outputs."""
+        with self._lock:
+            self._check_usable()
+            outputs, _, _ = self._pending.pop(ticket, ([], False, None))
+            self._raise_pending()
+            if not outputs:
+                return {}
+            for slot in outputs:
+                tb = self._tensors[slot]
+                mem.dtoh(self._stage(slot).ptr, tb.buf.ptr,
+                         tb.slot.rows * tb.ld * tb.np_dtype.itemsize, self._h)
+            self._wait_stream("reading results back", self._h)
+            return self._copy_out(outputs, False)[0]
+
+    def resident_function(self, smem_bytes: int):
+        """The resident entry of this executor's module (megakernel_resident), opted in to
+        `smem_bytes` of dynamic shared memory and checked to fit one block per SM."""
+        drv = _bindings()
+        _, code, _, _ = self._variant(False)
+        kernel = code.get_kernel("megakernel_resident")
+        handle = kernel.handle
+        if not isinstance(handle, drv.CUfunction):
+            if not isinstance(handle, drv.CUkernel):
+                handle = drv.CUkernel(int(handle))
+            func = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
+        else:
+            func = handle
+        check(drv.cuFuncSetAttribute(
+            func, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        blocks = int(check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            func, abi.BLOCK_THREADS, smem_bytes), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+        if blocks < 1:
+            raise MegakernelError(f"the resident megakernel does not fit an SM with "
+                                  f"{smem_bytes:,} B of dynamic shared memory")
+        return func, code
+
     def wait(self, ticket: int) -> dict[int, np.ndarray]:
         """Wait until the device has finished ``ticket`` (bounded by the host watchdog);
         raise its error (or an earlier unreported one); return its numpy outputs."""
@@ -625,7 +719,8 @@ class CudaExecutor:
             if trace:   # kept after a failed run too: the partial timeline shows where it stopped
                 self.last_trace_events = ready[1]
             self._raise_pending()
-            self.last_status = {"error": abi.ERRORS["MK_OK"], "finished_blocks": self.plan.n_sm}
+            self.last_status = {"error": abi.ERRORS["MK_OK"],
+                                "finished_blocks": active_blocks(self.plan)}
             return ready[0] if ready is not None else {}
 
     def _copy_out(self, outputs, trace: bool) -> tuple[dict, np.ndarray | None]:
@@ -738,6 +833,27 @@ class CudaExecutor:
         for slot, tb in self._tensors.items():
             if tb.slot.kind != "input":
                 mem.memset32(tb.buf.ptr, tb.poison, tb.buf.nbytes // 4, h)
+
+    def _poison_by_copy(self, h) -> None:
+        """_poison for a resident kernel's request: copies from pinned NaN words, since a
+        memset may run as a kernel, which would wait for the resident one to leave."""
+        need = max((tb.buf.nbytes for tb in self._tensors.values() if tb.slot.kind != "input"),
+                   default=0)
+        if need == 0:
+            return
+        if self._poison_src is None or self._poison_src[0].nbytes < need:
+            if self._poison_src is not None:
+                for buf in self._poison_src:
+                    self._memory.free(buf)
+            words = sorted(set(dtypes.POISON_WORD.values()))
+            self._poison_src = tuple(self._memory.pinned(need, "poison (host)") for _ in words)
+            for buf, word in zip(self._poison_src, words):
+                buf.array(np.uint32, (need // 4,))[:] = word
+            self._poison_words = {w: i for i, w in enumerate(words)}
+        for tb in self._tensors.values():
+            if tb.slot.kind != "input":
+                src = self._poison_src[self._poison_words[tb.poison]]
+                mem.htod(tb.buf.ptr, src.ptr, tb.buf.nbytes, h)
 
     def _binding(self, external: dict, h) -> _Binding | None:
         """The tensor table for these caller-owned tensors (None: megak's own). A new one is

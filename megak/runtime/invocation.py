@@ -1,8 +1,9 @@
 """How one megakernel invocation ends and how the host learns of it: the protocol between
 megakernel.cu's ``mk_finish_invocation`` and the executor, stated once in Python.
 
-Device side (``finish``): every block, once both of its roles are done, counts itself in
-``run_state.exited``; the last block of the grid closes the invocation: it copies a failed
+Device side (``finish``): every active block (block 0 and each block with a non-empty queue;
+the others leave at once), once both of its roles are done, counts itself in
+``run_state.exited``; the last of the ``n_active`` closes the invocation: it copies a failed
 invocation's status and per-SM states into the host view (unless an unread error is held
 there), counts the failure, advances or restarts the epoch (zeroing the counters on an error,
 or before the next epoch's targets could reach 2^31), resets the status record for the next
@@ -44,15 +45,15 @@ def next_epoch(epoch: int, max_target: int) -> tuple[int, bool]:
     return nxt, False
 
 
-def finish(*, status, sm_state, run_state, host_view, host_sm_state, counters, n_sm: int,
+def finish(*, status, sm_state, run_state, host_view, host_sm_state, counters, n_active: int,
            epoch: int, max_target: int, ticket: int) -> bool:
     """One block's exit (numpy record views, as the device's memory). Returns True when this
     block was the last and closed the invocation."""
     run_state["exited"] += 1
-    if int(run_state["exited"]) != n_sm:
+    if int(run_state["exited"]) != n_active:
         return False
     error = int(status["error"])
-    if error == _OK and int(status["finished_blocks"]) != n_sm:
+    if error == _OK and int(status["finished_blocks"]) != n_active:
         error = _ABORTED          # stopped from outside: the host's watchdog
     if error != _OK:
         if int(host_view["error_ticket"]) == 0:

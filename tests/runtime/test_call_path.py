@@ -180,3 +180,16 @@ def test_a_hang_inside_a_replay_is_reported_by_check(gen):
         y2 = poisoned(g)
         prog.run(out={"y": y2}, **x)                     # and eager runs too
         check(g, x, y2, "run after the hang")
+
+
+def test_an_output_that_is_an_input_given_as_a_gpu_tensor(gen):
+    g = megak.Graph()
+    x = g.input("x", (4, 32))
+    g.output(x, "same")
+    g.output(g.copy(x), "y")
+    with megak.compile(g, backend="cuda") as prog:
+        t = torch.rand(4, 32, generator=gen, device="cuda")
+        out = prog.run(x=t)
+        assert out["same"].device.type == "cuda" and out["same"].data_ptr() != t.data_ptr()
+        torch.testing.assert_close(out["same"], t, rtol=0, atol=0)
+        torch.testing.assert_close(out["y"], t, rtol=0, atol=0)

@@ -410,10 +410,10 @@ class _FakeGpu:
             assert t["ptr"] % 256 == 0 and t["ld"] * 4 % abi.TENSOR_ALIGN_BYTES == 0
             assert t["ld"] >= t["cols"]
         epoch = int(rs["epoch"])
-        self.run_kernel_body(ins, qs, ctr, st, n_sm, epoch)
+        self.run_kernel_body(ins, qs, ctr, st, n_sm, int(p["n_active"]), epoch)
         self.finish(p, st, rs, ctr, n_sm, epoch, ticket)
 
-    def run_kernel_body(self, ins, qs, ctr, st, n_sm, epoch):
+    def run_kernel_body(self, ins, qs, ctr, st, n_sm, n_active, epoch):
         for r in ins:  # every signal first, then every wait: NOP queues, no ordering
             for k in range(int(r["n_signals"])):
                 ctr[int(r["signal_counter"][k])] += 1
@@ -430,7 +430,7 @@ class _FakeGpu:
                                        ("expected", need), ("observed", ctr[c])):
                             st[key] = v
                         return
-        st["finished_blocks"] = n_sm
+        st["finished_blocks"] = n_active
 
     def abort_kernel(self, params_ptr, tensors_ptr, ticket):
         """Every block of a running invocation sees the abort flag and stops."""
@@ -446,10 +446,18 @@ class _FakeGpu:
         hv = self.view(int(p["host_view"]), abi.HOST_VIEW_DTYPE, 1)[0]
         hsm = self.view(int(p["host_sm_state"]), abi.SM_STATE_DTYPE, n_sm)
         sm = self.view(int(p["sm_state"]), abi.SM_STATE_DTYPE, n_sm)
-        for _ in range(n_sm):
+        n_active = int(p["n_active"])
+        assert n_active == 1 + sum(1 for b in range(1, n_sm) if qs_nonempty(p, b))
+        for _ in range(n_active):
             invocation.finish(status=st, sm_state=sm, run_state=rs, host_view=hv,
-                              host_sm_state=hsm, counters=ctr, n_sm=n_sm, epoch=epoch,
+                              host_sm_state=hsm, counters=ctr, n_active=n_active, epoch=epoch,
                               max_target=int(p["max_target"]), ticket=ticket)
+
+
+def qs_nonempty(p, b: int) -> bool:
+    from megak.runtime.memory import host_array
+    qs = host_array(int(p["queue_start"]), np.uint32, (int(p["n_sm"]) + 1,))
+    return int(qs[b + 1]) != int(qs[b])
 
 
 @pytest.fixture

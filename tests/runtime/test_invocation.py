@@ -48,7 +48,7 @@ class Device:
             closed.append(finish(status=self.status, sm_state=self.sm_state,
                                  run_state=self.run_state, host_view=self.view[0],
                                  host_sm_state=self.host_sm, counters=self.counters,
-                                 n_sm=self.n_sm, epoch=epoch, max_target=self.max_target,
+                                 n_active=self.n_sm, epoch=epoch, max_target=self.max_target,
                                  ticket=ticket))
             for check in host_checks:
                 check(k, closed[-1])
@@ -101,7 +101,7 @@ def test_an_aborted_invocation_is_a_failure():
     for _ in range(3):
         finish(status=dev.status, sm_state=dev.sm_state, run_state=dev.run_state,
                host_view=dev.view[0], host_sm_state=dev.host_sm, counters=dev.counters,
-               n_sm=3, epoch=epoch, max_target=3, ticket=9)
+               n_active=3, epoch=epoch, max_target=3, ticket=9)
     assert dev.host.done(9) and dev.host.error_pending()
     assert dev.host.take_error()[0]["error"] == ABORTED
     del rng

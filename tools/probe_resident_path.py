@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Probe: where a resident request's time goes (megak.resident), for the (1, 32) copy, a
+program with no instruction, and the hidden-1024 x 16 bf16 chain.
+
+  post+spin   the ring write and a spin on the program's host view, nothing else: the
+              device's round trip for one request (relay, blocks, the end of the invocation)
+  pipelined   1000 requests posted back to back, one wait: device time per request
+  submit      r.submit() alone (host), and its parts: call key, prepare, post
+  submit+wait r.submit(...).wait(), as the benchmark times it
+  and, beside them, prog.run on the same tensors.
+
+    python tools/probe_resident_path.py
+"""
+import statistics
+import time
+
+import torch
+
+import megak
+
+
+def med(fn, n=1000):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts[n // 10:]) / 1e3
+
+
+def probe(name, g, make):
+    prog = megak.compile(g, backend="cuda")
+    tin = make(g)
+    outs = {k: torch.empty(prog.plan.output_shapes[k], device="cuda",
+                           dtype=torch.bfloat16 if prog.plan.tensors[s].dtype == "bfloat16"
+                           else torch.float32)
+            for k, s in prog.plan.outputs.items() if prog._writes_in_place(k)}
+    torch.cuda.synchronize()
+    run = med(lambda: prog.run(out=outs, **tin), 300)
+    ex = prog._executor
+    with megak.resident(prog, idle_s=10) as r:
+        k = r._kernel
+        r.submit(prog, out=outs, **tin).wait()
+        call, params, table, _ = prog._prepare_request(tin, outs)
+
+        def post_spin():
+            t = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
+            k.post(params, table, t, time.monotonic() + 10)
+            while not ex.done(t):
+                pass
+        raw = med(post_spin)
+        key = med(lambda: prog._call_key(tin, outs))
+
+        def prep():
+            return prog._prepare_request(tin, outs)
+        prepare = med(prep)
+        t0 = time.perf_counter_ns()
+        hs = [r.submit(prog, out=outs, **tin) for _ in range(1000)]
+        t_submit = (time.perf_counter_ns() - t0) / 1000 / 1e3
+        hs[-1].wait()
+        t_pipe = (time.perf_counter_ns() - t0) / 1000 / 1e3
+        for h in hs:
+            h.wait()
+        both = med(lambda: r.submit(prog, out=outs, **tin).wait())
+        launches = r.launches
+    print(f"{name:10s} run {run:7.2f} | resident: post+spin {raw:7.2f}, submit+wait {both:7.2f}, "
+          f"pipelined {t_pipe:7.2f} us/request (submit alone {t_submit:6.2f}: key {key:5.2f}, "
+          f"prepare incl. key {prepare:5.2f}); launches {launches}", flush=True)
+    prog.close()
+
+
+def copy_graph(g=None):
+    g = megak.Graph()
+    g.output(g.copy(g.input("x", (1, 32))), "y")
+    return g
+
+
+def empty_graph():
+    g = megak.Graph()
+    g.output(g.input("x", (1, 32)), "x_out")
+    return g
+
+
+def chain(hidden=1024, layers=16, batch=16):
+    g = megak.Graph()
+    h = g.input("x", (batch, hidden), "bfloat16")
+    for i in range(layers):
+        h = g.gemm(h, g.input(f"w{i}", (hidden, hidden), "bfloat16"))
+        g.output(h, f"y{i}")
+    return g
+
+
+def tensors(g):
+    return {n: (torch.randn(t.shape, device="cuda") * 0.03).to(
+        torch.bfloat16 if t.dtype == "bfloat16" else torch.float32) for n, t in g.inputs.items()}
+
+
+def main():
+    probe("copy", copy_graph(), tensors)
+
+    probe("mlp1024", chain(), tensors)
+
+
+if __name__ == "__main__":
+    main()
