@@ -208,28 +208,17 @@ class Resident:
         ex = request._program._executor
         kernel = self._kernel
         ticket, s = request._ticket, request._seq
-        limit = ex.host_timeout_s
-        start = time.monotonic()
-        deadline = start + limit if math.isfinite(limit) else math.inf
-        next_query = start + 1e-3
-        nap = 5e-5
-        while not ex.done(ticket):
-            now = time.monotonic()
-            if now >= next_query:
-                next_query = now + 1e-3
-                with self._lock:
-                    kernel.kick()
-                    kernel._check_stream("running a resident request")
-                    if not kernel.served(s) and not ex.done(ticket):
-                        raise MegakernelError(
-                            f"cuda: this request was not run: the resident kernel stopped "
-                            f"({kernel.stopped[0]}) before it")
-            if now >= deadline:
-                ex._watchdog("running a resident request", limit, lambda t: ex._until(
-                    lambda: ex.done(ticket) or not kernel.served(s), t))
-            if now - start > 0.010:
-                time.sleep(min(nap, max(deadline - now, 0.0)))
-                nap = min(nap * 2, 0.001)
+
+        def follow() -> None:
+            with self._lock:
+                kernel.kick()
+                kernel._check_stream("running a resident request")
+                if not kernel.served(s) and not ex.done(ticket):
+                    raise MegakernelError(
+                        f"cuda: this request was not run: the resident kernel stopped "
+                        f"({kernel.stopped[0]}) before it")
+        ex.spin_until(lambda: ex.done(ticket), follow, lambda: not kernel.served(s),
+                      "running a resident request")
         return ex.finish_request(ticket)
 
     def _done(self, request: "Request") -> bool:

@@ -268,7 +268,7 @@ typedef struct mk_host_view {
 /* The resident kernel (megakernel_resident): launched once, it serves requests the host
  * writes into a ring in mapped pinned memory, each one invocation of a program, in order, and
  * leaves on a close request, after an idle deadline or after a failed request. Requests are
- * numbered 1, 2, ... (0 is skipped when the number wraps); request s lives in ring slot
+ * numbered 1, 2, ... (u32, compared wrap-safe); request s lives in ring slot
  * s % MK_RING_SLOTS. The protocol is in megakernel.cu (mk_relay, megakernel_resident) and
  * modelled in megak/runtime/resident_model.py. */
 enum mk_resident_limits {

@@ -666,18 +666,16 @@ __device__ __forceinline__ void mk_join_roles()
     asm volatile("bar.sync %0, %1;" : : "n"((int)MK_JOIN_BARRIER), "n"((int)MK_JOIN_THREADS) : "memory");
 }
 
-/* Thread 0: the block's set-up for one invocation of the program `params` on `tensors`: its
- * queue, a fresh page allocator and slot barriers, and the check that the program's pages fit
- * this launch's shared memory. False (after mk_stop) when the block cannot run it. */
-__device__ bool mk_begin_invocation(const mk_params* params, const mk_tensor* tensors,
-                                    mk_u32 ticket, mk_u32 q_begin, mk_u32 q_end)
+/* Thread 0: the block's set-up for one invocation of the program now in ctl.params, on
+ * `tensors`, at `epoch` (the program's run state): its queue, a fresh page allocator and slot
+ * barriers, and the check that the program's pages fit this launch's shared memory. False
+ * (after mk_stop) when the block cannot run it. */
+__device__ bool mk_begin_invocation(const mk_tensor* tensors, mk_u32 epoch, mk_u32 ticket,
+                                    mk_u32 q_begin, mk_u32 q_end)
 {
     mk_control& ctl = mk_ctl();
-    ctl.params = *params;
     ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
-    /* the previous invocation's last block wrote it before that kernel ended (or, resident,
-     * before it closed the request the relay waited for) */
-    ctl.params.epoch = reinterpret_cast<const volatile mk_run_state*>(params->run_state)->epoch;
+    ctl.params.epoch = epoch;
     ctl.ticket = ticket;
     ctl.n = q_end >= q_begin ? q_end - q_begin : 0u;
     ctl.q_begin = q_begin;
@@ -702,6 +700,13 @@ __device__ bool mk_begin_invocation(const mk_params* params, const mk_tensor* te
         return false;
     }
     return true;
+}
+
+/* The epoch of the program's next invocation: its previous invocation's last block wrote it
+ * before that kernel ended (or, resident, before it closed the request the relay waited for). */
+__device__ __forceinline__ mk_u32 mk_epoch_of(const mk_params& p)
+{
+    return reinterpret_cast<const volatile mk_run_state*>(p.run_state)->epoch;
 }
 
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
@@ -738,8 +743,10 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
     /* 0. Set up. The stop decision travels by __syncthreads_or (the last use of barrier 0:
      * warps leave after it). */
     int stop = 0;
-    if (tid == 0)
-        stop = !mk_begin_invocation(params, tensors, ticket, q_begin, q_end);
+    if (tid == 0) {
+        ctl.params = *params;
+        stop = !mk_begin_invocation(tensors, mk_epoch_of(ctl.params), ticket, q_begin, q_end);
+    }
     if (__syncthreads_or(stop)) {
         if (tid == 0)
             mk_finish_invocation(ctl.params, ticket, nullptr, 0u);
@@ -791,7 +798,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
  *   - invocation order: request s - 1's last block closes it (mk_finish_invocation: run
  *     state advanced, status reset, then closed = s - 1 with release); the relay publishes s
  *     only after reading closed == s - 1 (acquire), so every block of s reads the advanced
- *     state. A block leaves s - 1 only after its join barrier, so ctl is free for s.
+ *     state. Thread 0 rewrites ctl for s only after request_done of s - 1 (mk_serve).
  *   - relay -> host: view.taken = s with st.release.sys after the ring entry's reads, so the
  *     host may then reuse the slot; on leaving, view.next and view.reason, then view.left
  *     (release): a host that sees left knows from which request a new launch starts.
@@ -825,11 +832,14 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         ctl.request = MK_REQUEST_LEAVE;
         return;
     }
-    const mk_params* p = reinterpret_cast<const mk_params*>(params);
-    const mk_u32 n_sm = p->n_sm, b = blockIdx.x;
-    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(p->queue_start);
+    /* one copy of the program's params (its loads in flight together), then the queue bounds
+     * and the epoch (in flight together): two round trips on the request's path */
+    ctl.params = *reinterpret_cast<const mk_params*>(params);
+    const mk_u32 n_sm = ctl.params.n_sm, b = blockIdx.x;
+    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(ctl.params.queue_start);
     const mk_u32 q_begin = b < n_sm ? queue_start[b] : 0u;
     const mk_u32 q_end = b < n_sm ? queue_start[b + 1] : 0u;
+    const mk_u32 epoch = mk_epoch_of(ctl.params);
     if (!mk_block_active(b, n_sm, q_begin, q_end)) {
         ctl.request = MK_REQUEST_SKIP;
         return;
@@ -838,8 +848,8 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         mk_mbar_inval(&ctl.full[i]);
         mk_mbar_inval(&ctl.empty[i]);
     }
-    const bool ok = mk_begin_invocation(p, reinterpret_cast<const mk_tensor*>(tensors), ticket,
-                                        q_begin, q_end);
+    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), epoch,
+                                        ticket, q_begin, q_end);
     ctl.request = ok ? MK_REQUEST_RUN : MK_REQUEST_FAILED;
 }
 
@@ -945,31 +955,28 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
     }
 }
 
-/* The resident kernel's join: the loader and the compute warps loop over requests in two
- * code paths (each after its own setmaxnreg), so this is the non-aligned barrier, which may be
- * reached from different instructions. */
-__device__ __forceinline__ void mk_join_requests()
-{
-    asm volatile("barrier.sync %0, %1;" : : "n"((int)MK_JOIN_BARRIER), "n"((int)MK_JOIN_THREADS) : "memory");
-}
-
-/* One role's loop over requests: thread 0 (a compute thread) reads request s and sets the
- * block up; both roles meet, run it if the block is active in it, meet again (so ctl is not
- * rewritten while a thread still reads it), and thread 0 counts the block out. */
+/* One role's loop over requests. Thread 0 (a compute thread) reads request s, sets the block
+ * up and arrives on request_ready; the other 287 threads of both roles wait for it, run the
+ * request if the block is active in it, and arrive on request_done, which thread 0 waits for
+ * before it counts the block out and rewrites ctl for the next request. Both hand-offs are
+ * mbarriers (arrive = release, wait = acquire at CTA scope), not a named barrier: the two
+ * roles loop in separate code paths, each after its own setmaxnreg, and an aligned barrier
+ * must be one instruction for all. Phase k of each barrier is request first + k. */
 template <bool LOADER>
 __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, mk_u32 lane)
 {
     mk_control& ctl = mk_ctl();
     mk_resident_state* res = reinterpret_cast<mk_resident_state*>(a.state);
-    if (!LOADER && tid == 0)
-        for (int i = 0; i < 2; ++i) {     /* valid from the start: each request invalidates */
-            mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
-            mk_mbar_init(&ctl.empty[i], 1u);
-        }
-    for (mk_u32 s = a.first;; ++s) {
-        if (!LOADER && tid == 0)
+    /* thread 0 takes at most idle + wait (+ slack) to publish a request */
+    const mk_u64 patience = a.idle_ns + a.wait_ns + 2000000000ull;
+    for (mk_u32 s = a.first, k = 0;; ++s, ++k) {
+        if (!LOADER && tid == 0) {
             mk_take_request(a, s);
-        mk_join_requests();
+            mk_mbar_arrive(&ctl.request_ready);
+        } else if (!mk_mbar_wait(&ctl.request_ready, k & 1u, mk_deadline(patience))) {
+            return;   /* thread 0 is gone: nothing more will be asked of this block */
+        }
+        __syncwarp();
         const mk_u32 what = ctl.request;
         if (what == MK_REQUEST_LEAVE)
             return;
@@ -980,8 +987,15 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
             else
                 mk_compute();
         }
-        mk_join_requests();
-        if (!LOADER && tid == 0 && what != MK_REQUEST_SKIP)
+        if (LOADER || tid != 0) {
+            mk_mbar_arrive(&ctl.request_done);
+            continue;
+        }
+        if (!mk_mbar_wait(&ctl.request_done, k & 1u, mk_deadline(a.wait_ns))) {
+            mk_stop_info e = {MK_ERR_TIMEOUT, ctl.n, 0, 0, 0, 0, 0};
+            mk_stop(ctl.params, e);   /* a role of this block never came back */
+        }
+        if (what != MK_REQUEST_SKIP)
             mk_finish_invocation(ctl.params, ctl.ticket, res, s);
     }
 }
@@ -990,7 +1004,17 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
 extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1)
 megakernel_resident(const mk_resident_args a)
 {
+    mk_control& ctl = mk_ctl();
     const mk_u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    if (tid == 0) {
+        mk_mbar_init(&ctl.request_ready, 1u);
+        mk_mbar_init(&ctl.request_done, MK_JOIN_THREADS - 1u);
+        for (int i = 0; i < 2; ++i) {     /* valid from the start: each request invalidates */
+            mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
+            mk_mbar_init(&ctl.empty[i], 1u);
+        }
+    }
+    __syncthreads();   /* the barriers are initialised before anyone waits on them */
     if (warp >= MK_THREADS / 32) {
         MK_LOADER_SETMAXNREG();
         if (blockIdx.x == 0 && warp == MK_THREADS / 32 + 1)

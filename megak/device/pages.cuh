@@ -61,6 +61,10 @@ struct mk_control {
     mk_slot slot[2];     /* instruction q lives in slot[q & 1] */
     mk_u64 full[2];      /* mbarrier: slot ready (record, pages, waits, preloaded bytes) */
     mk_u64 empty[2];     /* mbarrier: the compute warps are done with the slot */
+    mk_u64 request_ready;  /* resident kernel, mbarrier: thread 0 has set the block up for
+                              the next request (1 arrival) */
+    mk_u64 request_done;   /* resident kernel, mbarrier: every other thread of both roles
+                              is done with it (MK_JOIN_THREADS - 1 arrivals) */
     mk_params params;    /* copied once: the hot paths read shared, not global, memory and
                             the op code holds no registers for it */
     mk_u32 free_pages;   /* allocator: bit i set = page i free (loader takes, compute gives) */

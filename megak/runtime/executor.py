@@ -75,6 +75,20 @@ def counter_max_target(plan: Plan) -> int:
     return int(np.bincount(sig).max()) if len(sig) else 0
 
 
+def kernel_handles(kernel) -> tuple:
+    """(handle, CUfunction) of a loaded cuda.core kernel. cuda.core loads cubins through the
+    library API: the handle is a CUkernel (a bare address is wrapped the same way, should a
+    version hand one out), whose function in the current context the launch calls take; a
+    module-API handle is already the CUfunction (then both are the same object)."""
+    drv = _bindings()
+    handle = kernel.handle
+    if isinstance(handle, drv.CUfunction):
+        return handle, handle
+    if not isinstance(handle, drv.CUkernel):
+        handle = drv.CUkernel(int(handle))
+    return handle, check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
+
+
 def active_blocks(plan: Plan) -> int:
     """Blocks that take part in an invocation (mk_block_active): block 0, and every other
     block with a non-empty queue; the others leave at once and are not waited for."""
@@ -290,13 +304,8 @@ class CudaExecutor:
         info = self.info
         attr = drv.CUfunction_attribute
         max_dyn = attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        handle = kernel.handle
-        if not isinstance(handle, drv.CUfunction):
-            # cuda.core loads cubins through the library API: the handle is a CUkernel (wrap
-            # a bare address the same way, should a version hand one out)
-            if not isinstance(handle, drv.CUkernel):
-                handle = drv.CUkernel(int(handle))
-
+        handle, func = kernel_handles(kernel)
+        if handle is not func:                  # a CUkernel (library API)
             def get(a, what):
                 return int(check(drv.cuKernelGetAttribute(a, handle, self._cu_dev),
                                  f"cuKernelGetAttribute({what})"))
@@ -304,10 +313,7 @@ class CudaExecutor:
             def set_max_dynamic(n):
                 check(drv.cuKernelSetAttribute(max_dyn, n, handle, self._cu_dev),
                       "cuKernelSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
-            func = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
         else:                                   # a CUfunction (module API)
-            func = handle
-
             def get(a, what):
                 return int(check(drv.cuFuncGetAttribute(a, func), f"cuFuncGetAttribute({what})"))
 
@@ -687,14 +693,7 @@ class CudaExecutor:
         `smem_bytes` of dynamic shared memory and checked to fit one block per SM."""
         drv = _bindings()
         _, code, _, _ = self._variant(False)
-        kernel = code.get_kernel("megakernel_resident")
-        handle = kernel.handle
-        if not isinstance(handle, drv.CUfunction):
-            if not isinstance(handle, drv.CUkernel):
-                handle = drv.CUkernel(int(handle))
-            func = check(drv.cuKernelGetFunction(handle), "cuKernelGetFunction")
-        else:
-            func = handle
+        _, func = kernel_handles(code.get_kernel("megakernel_resident"))
         check(drv.cuFuncSetAttribute(
             func, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             smem_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
@@ -1004,36 +1003,45 @@ class CudaExecutor:
             return
         drv = _bindings()
         not_ready = int(drv.CUresult.CUDA_ERROR_NOT_READY)
+
+        def query() -> None:
+            ret = drv.cuStreamQuery(h)
+            err = int(ret[0] if isinstance(ret, tuple) else ret)
+            if err == 0 and not host.done(ticket) and \
+                    not self._until(lambda: host.done(ticket), time.monotonic() + 0.1):
+                # the stream is idle and the ticket is not in: the launch never ran (a
+                # capture that was never replayed) or its last block could not report
+                raise MegakernelError(f"cuda: the stream finished without the megakernel "
+                                      f"reporting launch {ticket} while {what} (was it "
+                                      f"captured in a CUDA graph that has not run?)")
+            if err not in (0, not_ready):
+                try:
+                    check(ret, "cuStreamQuery")
+                except CudaError as exc:
+                    dead = ""
+                    if exc.error_name in _STICKY:
+                        self._state["dead"] = str(exc)
+                        dead = " The CUDA context is now unusable; restart the process."
+                    raise MegakernelError(f"cuda: {exc} while {what}.{dead}") from exc
+        self.spin_until(lambda: host.done(ticket), query, lambda: self._stream_idle(h), what)
+
+    def spin_until(self, done, every_ms, ended, what: str) -> None:
+        """Spin until `done()`: flat out for the first _SPIN_S, then with growing naps;
+        `every_ms()` each millisecond (it raises what it finds wrong); past the host watchdog
+        the abort flag goes up (`_watchdog`) and `ended()` says when the run has stopped."""
         limit = self.host_timeout_s
         start = time.monotonic()
         deadline = start + limit if math.isfinite(limit) else math.inf
         next_query = start + 1e-3
         nap = 5e-5
-        while not host.done(ticket):
+        while not done():
             now = time.monotonic()
             if now >= next_query:
                 next_query = now + 1e-3
-                ret = drv.cuStreamQuery(h)
-                err = int(ret[0] if isinstance(ret, tuple) else ret)
-                if err == 0 and not host.done(ticket) and \
-                        not self._until(lambda: host.done(ticket), time.monotonic() + 0.1):
-                    # the stream is idle and the ticket is not in: the launch never ran (a
-                    # capture that was never replayed) or its last block could not report
-                    raise MegakernelError(f"cuda: the stream finished without the megakernel "
-                                          f"reporting launch {ticket} while {what} (was it "
-                                          f"captured in a CUDA graph that has not run?)")
-                if err not in (0, not_ready):
-                    try:
-                        check(ret, "cuStreamQuery")
-                    except CudaError as exc:
-                        dead = ""
-                        if exc.error_name in _STICKY:
-                            self._state["dead"] = str(exc)
-                            dead = " The CUDA context is now unusable; restart the process."
-                        raise MegakernelError(f"cuda: {exc} while {what}.{dead}") from exc
+                every_ms()
             if now >= deadline:
                 self._watchdog(what, limit, lambda t: self._until(
-                    lambda: host.done(ticket) or self._stream_idle(h), t))
+                    lambda: done() or ended(), t))
                 return
             if now - start > _SPIN_S:
                 time.sleep(min(nap, max(deadline - now, 0.0)))

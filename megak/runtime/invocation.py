@@ -49,7 +49,7 @@ def finish(*, status, sm_state, run_state, host_view, host_sm_state, counters, n
            epoch: int, max_target: int, ticket: int) -> bool:
     """One block's exit (numpy record views, as the device's memory). Returns True when this
     block was the last and closed the invocation."""
-    run_state["exited"] += 1
+    run_state["exited"] += 1     # (the device skips the count when n_active is 1: same outcome)
     if int(run_state["exited"]) != n_active:
         return False
     error = int(status["error"])
