@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from megak.abi import PAGE_BYTES
 from megak.runtime.bench import L2_FLUSH_BYTES   # what Bench's flush writes (no cuda import)
 
 from . import workloads as W
@@ -89,6 +90,8 @@ TARGETS: dict[str, Target] = {
     "W2-1024x16-bf16": Target("us", "<=", 20.0, "torch CUDA graph 78.6 us (HBM floor 7.5 us; "
                               "hop-bound)"),
     "W2-4096x8-bf16": Target("us", "<=", 70.0, "torch CUDA graph 109 us (60 us at 4.48 TB/s)"),
+    "W2-4096x8-bf16-b1": Target("us", "<=", 68.0, "60 us at 4.48 TB/s"),
+    "W2-4096x8-bf16-b64": Target("us", "<=", 80.0, "60 us at 4.48 TB/s"),
     "W2-8192x8-bf16": Target("us", "<=", 255.0, "torch CUDA graph 271 us (240 us at 4.48 TB/s)"),
     "W3-8192-fp32": Target("TFLOP/s", ">=", 45.0, "cuBLAS 51.3 TFLOP/s"),
     "W3-8192-bf16": Target("TFLOP/s", ">=", 650.0, "cuBLAS 784 TFLOP/s"),
@@ -158,6 +161,30 @@ def make_result(workload: str, variant: str, times_us, metric: str, work: float,
     return {"workload": workload, "variant": variant, "median_us": med, "metric": metric,
             "value": float(metric_value(metric, med, work)), "reps": int(len(t)),
             "min_us": float(t.min()), "max_us": float(t.max()), "check": check}
+
+
+def weights_tb_s(weight_bytes: float, median_us: float) -> float:
+    """Effective weight bandwidth in TB/s: the weight bytes one run reads / its median time."""
+    if not median_us > 0:
+        raise ValueError(f"median time must be > 0 us, got {median_us}")
+    return weight_bytes / (median_us * 1e-6) / 1e12
+
+
+def weight_fields(weight_bytes: int, median_us: float) -> dict:
+    """The keys a result of a workload with weights (W2) carries: ``weight_bytes`` (the
+    workload's, the same on every variant) and ``weights_tb_s`` (this variant's)."""
+    return {"weight_bytes": int(weight_bytes),
+            "weights_tb_s": weights_tb_s(weight_bytes, median_us)}
+
+
+def bytes_in_flight_per_sm(stats) -> int:
+    """Bytes of weights the megakernel keeps in flight on each SM: its weight stream's ring of
+    pages (``stream_pages`` in the program's stats; a program without a stream has none)."""
+    return int(stats.get("stream_pages", 0) or 0) * PAGE_BYTES
+
+
+def fmt_kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:,.0f} KiB"
 
 
 def check_text(err_ratio: float, exact: bool = False) -> str:
@@ -243,6 +270,11 @@ def validate_doc(doc: dict) -> None:
             raise ValueError(f"results[{i}].variant {r['variant']!r} not one of {W.VARIANTS}")
         if not (r["median_us"] > 0 and math.isfinite(r["median_us"]) and math.isfinite(r["value"])):
             raise ValueError(f"results[{i}]: median_us and value must be finite, median > 0")
+        for key in ("weights_tb_s", "weight_bytes", "bytes_in_flight_per_sm"):
+            if key in r and not (isinstance(r[key], (int, float)) and not isinstance(r[key], bool)
+                                 and math.isfinite(r[key]) and r[key] >= 0):
+                raise ValueError(f"results[{i}].{key} must be a finite number >= 0, "
+                                 f"got {r[key]!r}")
         if (r["workload"], r["variant"]) in seen:
             raise ValueError(f"results[{i}]: duplicate {r['workload']}/{r['variant']}")
         seen.add((r["workload"], r["variant"]))
@@ -338,10 +370,14 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
         lines += [description, ""]
     # the call path (W7) records the megakernel's device time of megak_run's call beside it
     overhead = any("host_overhead_us" in r for r in variants.values())
+    # the chains with weights (W2) record each variant's weight bandwidth; older results lack it
+    weights = any("weights_tb_s" in r for r in variants.values())
     lines += [f"| variant | runs | median (us) | {metric} | speed vs megak | speed vs best "
               f"other | check | target |" + (" device (us) | host overhead per call (us) |"
-                                              if overhead else ""),
-              "|---|---|---|---|---|---|---|---|" + ("---|---|" if overhead else "")]
+                                              if overhead else "")
+              + (" weights (TB/s) |" if weights else ""),
+              "|---|---|---|---|---|---|---|---|" + ("---|---|" if overhead else "")
+              + ("---|" if weights else "")]
     order = [v for v in W.VARIANTS if v in variants]
     for v in order:
         r, s = variants[v], sp[v]
@@ -356,7 +392,10 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
         if overhead:
             row += (f" {fmt(r['device_us'])} | {fmt(r['host_overhead_us'])} |"
                     if "host_overhead_us" in r else " | |")
+        if weights:
+            row += f" {fmt(r['weights_tb_s'])} |" if "weights_tb_s" in r else " |"
         lines.append(row)
+    lines += _weight_lines(variants)
     if "megak" in variants and "megak_trace" in variants:
         cost = variants["megak_trace"]["median_us"] / variants["megak"]["median_us"] - 1
         verdict = "met" if cost <= TRACE_OVERHEAD_TARGET else "missed"
@@ -380,6 +419,25 @@ def render_workload(name: str, variants: dict[str, dict], description: str = "",
     for n in notes:
         lines += ["", f"Note: {n}"]
     return lines + [""]
+
+
+def _weight_lines(variants: dict[str, dict]) -> list[str]:
+    """Under a W2 table: what *weights (TB/s)* counts, and megak's bytes in flight per SM."""
+    lines = []
+    wb = next((r["weight_bytes"] for r in variants.values() if r.get("weight_bytes")), None)
+    mk = variants.get("megak", {})
+    if wb:
+        text = (f"Weights: {wb / 2**20:,.0f} MiB ({wb:,} B) read per run; *weights (TB/s)* = "
+                f"those bytes / the median time, the effective weight bandwidth")
+        if "weights_tb_s" in mk:
+            text += f" (megak: **{fmt(mk['weights_tb_s'])} TB/s**)"
+        lines += ["", text + "."]
+    if "bytes_in_flight_per_sm" in mk:
+        b = mk["bytes_in_flight_per_sm"]
+        lines += ["", f"Bytes in flight per SM (megak's weight stream, {PAGE_BYTES // 1024} KiB "
+                      f"pages): **{fmt_kib(b)}**" + ("" if b else " (the program streams no "
+                                                          "weights)") + "."]
+    return lines
 
 
 def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = None,
@@ -767,9 +825,12 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
 
     def record(variant, times, err):
         r = make_result(w.name, variant, times, w.metric, w.work, check_text(err))
+        if w.weight_bytes:
+            r.update(weight_fields(w.weight_bytes, r["median_us"]))
         results.append(r)
         log(f"  {w.name}/{variant}: median {fmt(r['median_us'])} us, {fmt(r['value'])} "
-            f"{w.metric} ({r['reps']} runs, {r['check']})")
+            f"{w.metric} ({r['reps']} runs, {r['check']})"
+            + (f", weights {fmt(r['weights_tb_s'])} TB/s" if "weights_tb_s" in r else ""))
 
     # -- megak, separate, graph: one program, one Bench, the same device buffers -------------
     bench_variants = ("megak", "separate", "graph")
@@ -804,6 +865,8 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
             except Exception as exc:
                 fail(v, "timing/check", exc)
         megak_row = next((r for r in results if r["variant"] == "megak"), None)
+        if megak_row is not None and w.weight_bytes:
+            megak_row["bytes_in_flight_per_sm"] = bytes_in_flight_per_sm(prog.stats)
         if megak_row is not None:
             stage = "traced run"
             try:

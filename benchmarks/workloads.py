@@ -244,6 +244,8 @@ class Workload:
     plan_check: Callable[[Any], str] | None = None   # raises if the plan does not measure
     #                                                  what the workload claims; returns a note
     kind: str = "gpu"                 # "gpu" (run_gpu_workload) | "call" (run_call_workload)
+    weight_bytes: int = 0             # bytes of weights one run must read (W2: every layer's
+    #                                   B); > 0: each result reports weight bytes / median time
 
 
 @dataclass
@@ -393,19 +395,21 @@ def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Wor
 
     flops = 2.0 * batch * hidden * hidden * layers
     size = 4 if dtype == "float32" else 2
-    big = hidden * hidden * layers * size > (256 << 20)
+    weight_bytes = layers * hidden * hidden * size
+    big = weight_bytes > (256 << 20)
     return Workload(
-        name=f"W2-{hidden}x{layers}-{_SHORT[dtype]}",
+        name=f"W2-{hidden}x{layers}-{_SHORT[dtype]}" + (f"-b{batch}" if batch != 16 else ""),
         description=f"MLP-like GEMM chain, {dtype}: x ({batch}, {hidden}), then x = x @ W_i "
                     f"for {layers} layers, each with its own ({hidden}, {hidden}) weight input "
                     f"(every layer's result an output, to check each GEMM) "
                     f"({flops / 1e9:.2f} GFLOP, "
-                    f"{hidden * hidden * layers * size / 2**20:.0f} MiB of weights)",
+                    f"{weight_bytes / 2**20:.0f} MiB of weights)",
         metric="us", work=0.0, build=build, make_inputs=make_inputs, reference=reference,
         check=check, torch_case=torch_case,
-        working_set_bytes=(batch * hidden * (layers + 1) + hidden * hidden * layers) * size,
+        working_set_bytes=batch * hidden * (layers + 1) * size + weight_bytes,
         reps={v: ((100, 10) if big else (200, 20))
-              for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+              for v in ("megak", "separate", "graph", "torch", "torch_graph")},
+        weight_bytes=weight_bytes)
 
 
 # W3 -----------------------------------------------------------------------------------------
@@ -653,8 +657,10 @@ def _call_workload(base: Workload, name: str, description: str) -> Workload:
     """`base`'s graph, inputs, reference, check and torch calls, timed per call (kind "call").
     The metric is a time per call whatever base counted; its plan check is about the device
     schedule, which the call path does not measure."""
+    # no weight bandwidth: without an L2 flush the weights of a small chain are read from L2
     return dataclasses.replace(base, name=name, description=description, metric="us",
-                               work=0.0, reps=dict(_CALL_REPS), plan_check=None, kind="call")
+                               work=0.0, reps=dict(_CALL_REPS), plan_check=None, kind="call",
+                               weight_bytes=0)
 
 
 def w7_call_copy(cols: int = 32) -> Workload:
@@ -686,6 +692,8 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
     "W3-8192-fp32": lambda: w3(8192),
     "W2-1024x16-bf16": lambda: w2(1024, 16, dtype="bfloat16"),
     "W2-4096x8-bf16": lambda: w2(4096, 8, dtype="bfloat16"),
+    "W2-4096x8-bf16-b1": lambda: w2(4096, 8, batch=1, dtype="bfloat16"),
+    "W2-4096x8-bf16-b64": lambda: w2(4096, 8, batch=64, dtype="bfloat16"),
     "W2-8192x8-bf16": lambda: w2(8192, 8, dtype="bfloat16"),
     "W3-8192-bf16": lambda: w3(8192, dtype="bfloat16"),
     "W4-16384-fp32": lambda: w4(16384),

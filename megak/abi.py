@@ -56,6 +56,9 @@ PAGE_ALIGN = LIMITS["MK_PAGE_ALIGN"]
 THREADS = LIMITS["MK_THREADS"]
 BLOCK_THREADS = LIMITS["MK_BLOCK_THREADS"]
 TENSOR_ALIGN_BYTES = LIMITS["MK_TENSOR_ALIGN_BYTES"]
+TMAP_BYTES = OP_SHAPES["MK_TMAP_BYTES"]
+STREAM_BOX_COLS = OP_SHAPES["MK_STREAM_BOX_COLS"]
+STREAM_BOX_ROWS = OP_SHAPES["MK_STREAM_BOX_ROWS"]
 
 OP_NOP = OPCODES["MK_OP_NOP"]
 OPCODE_NAMES = {v: k[len("MK_OP_"):].lower() for k, v in OPCODES.items() if k != "MK_OP_COUNT"}
@@ -73,8 +76,10 @@ FLAG_ACT_SHIFT = FLAGS["MK_FLAG_ACT_SHIFT"]
 FLAG_ACT_MASK = FLAGS["MK_FLAG_ACT_MASK"]
 FLAG_B_READY = FLAGS["MK_FLAG_B_READY"]
 FLAG_CAUSAL = FLAGS["MK_FLAG_CAUSAL"]
+FLAG_STREAM = FLAGS["MK_FLAG_STREAM"]
 ARG_BIAS = OPERANDS["MK_ARG_BIAS"]
 ARG_RESIDUAL = OPERANDS["MK_ARG_RESIDUAL"]
+ARG_SPARE = OPERANDS["MK_ARG_SPARE"]
 
 _NUMPY_SCALARS = {
     "unsigned short": np.uint16,
@@ -122,6 +127,23 @@ TRACE_DTYPE = numpy_dtype("mk_trace_event")
 if INSTR_DTYPE.itemsize != INSTR_BYTES:  # the header contradicts itself: refuse to run
     raise ImportError(f"instr.h: sizeof(mk_instr) = {INSTR_DTYPE.itemsize}, "
                       f"MK_INSTR_BYTES = {INSTR_BYTES}")
+
+
+def tmap_offset(n: int) -> int:
+    """Byte offset of the tensor maps in a tensor table of n entries (mk_tmap_offset): the
+    entries rounded up to MK_TMAP_BYTES, so each CUtensorMap is 128-B aligned when the table
+    is."""
+    return -(-n * TENSOR_DTYPE.itemsize // TMAP_BYTES) * TMAP_BYTES
+
+
+def ready_offset(n: int) -> int:
+    """Byte offset of the u32 ready[n] flags that follow the n tensor maps."""
+    return tmap_offset(n) + TMAP_BYTES * n
+
+
+def table_bytes(n: int) -> int:
+    """Bytes of a whole tensor table of n entries: entries, padding, maps, ready flags."""
+    return ready_offset(n) + 4 * n
 
 
 def empty_instrs(n: int) -> np.ndarray:

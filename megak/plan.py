@@ -48,6 +48,8 @@ class Plan:
     op_bytes: list[float] = field(default_factory=list)
     op_dtypes: list[str] = field(default_factory=list)    # the dtype an op computes in
     dropped_ops: list[str] = field(default_factory=list)  # labels of ops no output needs
+    stream_pages: int = 0        # pages of each block's weight ring (mk_params.stream_pages;
+                                 # 0: no instruction streams its weights)
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

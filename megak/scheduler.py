@@ -33,7 +33,7 @@ from .dtypes import ITEMSIZE
 from .errors import GraphError, fmt_bytes
 from .graph import Graph
 from .ops import REGISTRY
-from .ops.base import ExpandContext, Unit
+from .ops.base import ExpandContext, Hidden, Unit
 from .plan import Plan, TensorSlot
 
 LEVELS = ("tile", "row", "col", "op")
@@ -141,7 +141,8 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
             avail = abi.MAX_WAITS - used - (len(produced) - pos - 1)
             options = {"tile": int((nrb * ncb).max()), "row": int(nrb.max()),
                        "col": int(ncb.max()), "op": 1}
-            level = next(lv for lv in LEVELS if options[lv] <= avail)
+            allowed = p.wait_levels or LEVELS
+            level = next(lv for lv in LEVELS if lv in allowed and options[lv] <= avail)
             blk = counter_block(producer[t.index], level)
             waits = _wait_lists(level, blk, p.n_col_tiles, rb0, nrb, cb0, ncb)
             rec = ins[s]
@@ -178,9 +179,24 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         n_sig[s] += 1
     ins["n_signals"] = n_sig
 
+    # combine counters of streamed GEMM bands: every part adds one per run (no waits, no
+    # signals: the last part to add runs the epilogue); their targets keep the epoch wrap
+    combine_targets = []
+    for op, low in zip(units, lowered):
+        if low.combine is None:
+            continue
+        s = slice(op_start[op.index], op_start[op.index + 1])
+        groups = int(low.combine.max()) + 1
+        ins["out_row0"][s] = n_counters + low.combine
+        parts = np.bincount(low.combine, minlength=groups)
+        combine_targets.append((n_counters, parts))
+        n_counters += groups
+
     counter_targets = np.zeros(n_counters, dtype=np.uint32)
     for blk in blocks.values():
         counter_targets[blk.base:blk.base + blk.count] = blk.target
+    for base, parts in combine_targets:
+        counter_targets[base:base + len(parts)] = parts
 
     # 3. placement
     cost = np.concatenate([low.cost_ns for low in lowered]) if total else np.zeros(0)
@@ -190,8 +206,10 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
     queue_start = np.searchsorted(sm[order], np.arange(n_sm + 1)).astype(np.uint32)
     rank = order  # global (topological) index of each queued instruction
 
-    # a tensor no unit writes (a dropped op's, or one fused away) gets no memory
+    # a tensor no unit writes (a dropped op's, or one fused away) gets no memory; hidden
+    # inputs (a streamed GEMM's partials) are written by the unit that reads them
     written = {u.output.index for u in units}
+    written |= {t.index for u in units for t in u.inputs if isinstance(t, Hidden)}
     tensors = [TensorSlot(t.index, t.name or f"t{t.index}", t.rows, t.cols, t.dtype,
                           "input" if t.producer is None
                           else "intermediate" if t.index in written else "unused")
@@ -209,9 +227,21 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         op_bytes=[low.bytes for low in lowered],
         op_dtypes=[op.inputs[0].dtype for op in units],
         dropped_ops=dropped,
+        stream_pages=stream_pages(ins, n_pages),
     )
     check_deadlock_free(plan, rank=rank)
     return plan
+
+
+def stream_pages(ins: np.ndarray, n_pages: int) -> int:
+    """Pages of each block's weight ring: what the program's other instructions leave, up to
+    MK_STREAM_MAX_RING; 0 when nothing streams or fewer than MK_STREAM_MIN_RING are left
+    (the streamed GEMMs then load B themselves)."""
+    if len(ins) == 0 or not (ins["flags"] & abi.FLAG_STREAM).any():
+        return 0
+    left = n_pages - int(ins["pages"].max())
+    ring = min(left, abi.OP_SHAPES["MK_STREAM_MAX_RING"])
+    return ring if ring >= abi.OP_SHAPES["MK_STREAM_MIN_RING"] else 0
 
 
 def lowering_units(graph: Graph, n_sm: int):

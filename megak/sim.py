@@ -78,6 +78,38 @@ class _Stop(Exception):
                            counter=counter, expected=expected, observed=observed)
 
 
+# Queues whose weight stream is at most this many stages in all get the ring protocol run
+# through the model (runtime/stream_model.py) at each simulated run; larger ones would make
+# the simulator slow, and the model's own tests cover the protocol.
+STREAM_MODEL_MAX_STAGES = 512
+
+
+def check_stream_queues(plan: Plan, queues) -> None:
+    """Run each SM's weight stream (the streamed GEMMs of its queue, in order, on a ring of
+    plan.stream_pages pages) through the ring protocol's model, one seeded interleaving: the
+    streamer, the copies and the 8 warps must finish with every stage read as issued."""
+    if plan.stream_pages == 0:
+        return
+    from .runtime import stream_model as sm
+    box_rows = abi.OP_SHAPES["MK_STREAM_BOX_ROWS"]
+    invocations = []
+    for queue in queues:
+        flags = queue["flags"].astype(np.int64)
+        if not (flags & abi.FLAG_STREAM).any():
+            continue
+        records = tuple(sm.Record(stream=bool(f & abi.FLAG_STREAM), b=0,
+                                  stages=max(1, -(-int(k) // box_rows)))
+                        for f, k in zip(flags, queue["klen"]))
+        invocations.append(sm.Invocation(records, plan.stream_pages, ready=(True,)))
+    total = sum(len(inv.sequence()) for inv in invocations)
+    if not invocations or total > STREAM_MODEL_MAX_STAGES:
+        return
+    try:
+        sm.RingModel(invocations).run(sm.RandomScheduler(seed=total))
+    except sm.ProtocolViolation as exc:
+        raise MegakernelError(f"sim: weight stream protocol broken: {exc}") from None
+
+
 class SimExecutor:
     """Runs a Plan on the CPU. ``order``: "round_robin" or "random" (seeded by ``seed``).
 
@@ -147,7 +179,9 @@ class SimExecutor:
 
     def _execute(self, instrs, tensors, written) -> None:
         plan = self.plan
-        n_sm, n_pages = plan.n_sm, plan.n_pages
+        n_sm = plan.n_sm
+        # the weight ring's pages are never the allocator's (device/stream.cuh)
+        n_pages = plan.n_pages - plan.stream_pages
         qs = plan.queue_start.astype(np.int64)
         queues = [instrs[qs[s]:qs[s + 1]] for s in range(n_sm)]
         ld_next = [0] * n_sm                        # next queue index the loader fetches
@@ -160,6 +194,8 @@ class SimExecutor:
         self.last_page_intervals = intervals
         done = [len(queues[s]) == 0 for s in range(n_sm)]
         epoch = self.epoch
+        self._epoch = epoch
+        check_stream_queues(plan, queues)
         counters = self.counters
         states = [dict(queue_index=0, opcode=0, op_index=0, counter=0, expected=0,
                        observed=0, error=_OK, pad=0) for _ in range(n_sm)]
@@ -401,7 +437,7 @@ class SimExecutor:
         op = BY_OPCODE.get(opcode)
         if op is None and opcode != abi.OP_NOP:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_OPCODE"], s, q, rec))
-        if int(rec["pages"]) > plan.n_pages:
+        if int(rec["pages"]) > plan.n_pages - plan.stream_pages:
             stop(_Stop(abi.ERRORS["MK_ERR_PAGES"], s, q, rec))
         bad = (int(rec["n_waits"]) > abi.MAX_WAITS or int(rec["n_signals"]) > abi.MAX_SIGNALS
                or any(int(rec["wait_counter"][k]) >= plan.n_counters
@@ -411,7 +447,7 @@ class SimExecutor:
         if not bad and op is not None:
             bad = (any(int(rec["tensor"][k]) >= len(plan.tensors)
                        for k in range(abi.MAX_TENSORS) if op.operand_mask >> k & 1)
-                   or int(rec["pages"]) < op.pages or not op.check_record(rec))
+                   or int(rec["pages"]) < op.min_pages(rec) or not op.check_record(rec))
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
 
@@ -419,8 +455,12 @@ class SimExecutor:
         opcode = int(rec["opcode"])
         if opcode == abi.OP_NOP:
             return
+        op = BY_OPCODE[opcode]
         with np.errstate(all="ignore"):
-            reads = BY_OPCODE[opcode].simulate(rec, tensors)
+            if getattr(op, "uses_counters", False):
+                reads = op.simulate(rec, tensors, counters=self.counters, epoch=self._epoch)
+            else:
+                reads = op.simulate(rec, tensors)
         self._check_reads(s, cur, rec, reads, written, "it read")
 
     def _check_reads(self, s, cur, rec, reads, written, how: str) -> None:

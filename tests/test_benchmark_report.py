@@ -98,6 +98,10 @@ def test_targets_are_the_open_issues():
     assert (t["W1"].op, t["W1"].value, t["W1"].metric) == ("<=", 0.45, "us/op")
     assert t["W2-1024x16-bf16"].value == 20 and t["W2-4096x8-bf16"].value == 70
     assert t["W2-8192x8-bf16"].value == 255
+    assert t["W2-4096x8-bf16-b1"].value == 68 and t["W2-4096x8-bf16-b64"].value == 80
+    for name in ("W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64"):
+        assert (t[name].metric, t[name].op, t[name].baseline) == ("us", "<=",
+                                                                  "60 us at 4.48 TB/s")
     assert t["W3-8192-fp32"].value == 45 and t["W3-8192-bf16"].value == 650
     assert t["W4-16384-fp32"].value == 3700 and t["W5-1GiB"].value == 4100
     assert t["W6-lower-100k"].value == 1000 and t["W6-lower-100k"].metric == "ms"
@@ -109,13 +113,15 @@ def test_targets_are_the_open_issues():
 def test_registry_names():
     assert list(W.FACTORIES) == ["W1", "W2-1024x16-fp32", "W2-4096x8-fp32", "W3-4096-fp32",
                                  "W3-8192-fp32", "W2-1024x16-bf16", "W2-4096x8-bf16",
+                                 "W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64",
                                  "W2-8192x8-bf16", "W3-8192-bf16", "W4-16384-fp32", "W5-1GiB",
                                  "W6-lower-100k", "W6-compile-cold", "W6-compile-cached",
                                  "W7-call-copy", "W7-call-mlp1024"]
     assert W.NOT_YET_AVAILABLE == {}
     assert set(W.QUICK) <= set(W.FACTORIES)
     assert "W3-8192-fp32" not in W.QUICK and "W5-1GiB" not in W.QUICK
-    for name in ("W2-1024x16-fp32", "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
+    for name in ("W2-1024x16-fp32", "W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64",
+                 "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
         w = W.get(name)   # builders only: nothing allocated until make_inputs
         assert w.name == name and w.metric in R.METRICS
         # megak_trace (the traced build, W2 only) falls back to megak's rep counts; the
@@ -124,6 +130,55 @@ def test_registry_names():
             "torch", "torch_graph"}
     with pytest.raises(KeyError, match="known"):
         W.get("W9")
+
+
+@pytest.mark.parametrize("batch", [1, 64])
+def test_w2_batch_forms_are_the_w2_4096_bf16_chain(batch):
+    w, base = W.get(f"W2-4096x8-bf16-b{batch}"), W.get("W2-4096x8-bf16")
+    assert w.name == f"W2-4096x8-bf16-b{batch}" and base.name == "W2-4096x8-bf16"
+    g, gb = w.build(), base.build()
+    assert g.inputs["x"].shape == (batch, 4096) and g.inputs["x"].dtype == "bfloat16"
+    assert gb.inputs["x"].shape == (16, 4096)
+    # the same weights, ops and per-layer outputs as the batch-16 chain
+    assert [(n, t.shape, t.dtype) for n, t in g.inputs.items() if n != "x"] == \
+        [(n, t.shape, t.dtype) for n, t in gb.inputs.items() if n != "x"]
+    assert [op.kind for op in g.ops] == ["gemm"] * 8 and list(g.outputs) == list(gb.outputs)
+    assert f"x ({batch}, 4096)" in w.description
+    assert (w.metric, w.reps, w.weight_bytes) == (base.metric, base.reps, base.weight_bytes)
+    assert w.weight_bytes == 8 * 4096 * 4096 * 2 == 256 << 20
+    # listed right after the batch-16 chain, measured with the same variants
+    names = list(W.FACTORIES)
+    i = names.index("W2-4096x8-bf16")
+    assert names[i + 1:i + 3] == ["W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64"]
+    assert w.kind == "gpu" and set(w.reps) == set(base.reps)
+    assert W.w2(64, 2).name == "W2-64x2-fp32" and W.w2(64, 2, batch=3).name == "W2-64x2-fp32-b3"
+
+
+def test_weight_bytes_of_the_workloads():
+    assert W.get("W2-1024x16-fp32").weight_bytes == 16 * 1024 * 1024 * 4
+    assert W.get("W2-8192x8-bf16").weight_bytes == 8 * 8192 * 8192 * 2
+    for name in ("W1", "W3-8192-fp32", "W5-1GiB", "W7-call-mlp1024", "W7-call-copy"):
+        assert W.get(name).weight_bytes == 0, name   # W7: warm L2, no weight bandwidth
+
+
+def test_weight_bandwidth_of_a_result():
+    # 256 MiB of weights in 60 us: 4.47 TB/s (the "60 us at 4.48 TB/s" of the targets)
+    assert R.weights_tb_s(256 << 20, 60.0) == pytest.approx(4.4739, rel=1e-4)
+    assert R.weights_tb_s(1e12, 1e6) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="> 0"):
+        R.weights_tb_s(1e9, 0.0)
+    r = dict(result("W2-4096x8-bf16-b1", "torch_graph", 100.0))
+    r.update(R.weight_fields(W.get("W2-4096x8-bf16-b1").weight_bytes, r["median_us"]))
+    assert r["weight_bytes"] == 268_435_456 and isinstance(r["weight_bytes"], int)
+    assert r["weights_tb_s"] == pytest.approx(268_435_456 / 100e-6 / 1e12)
+    R.validate_doc({"machine": {"gpu": "G"}, "date": "2026-11-29", "results": [r]})
+    with pytest.raises(ValueError, match="weights_tb_s"):
+        R.validate_doc({"machine": {"gpu": "G"}, "date": "2026-11-29",
+                        "results": [dict(r, weights_tb_s=float("nan"))]})
+    # bytes in flight per SM: the stream's pages, 0 before a program streams its weights
+    assert R.bytes_in_flight_per_sm({"stream_pages": 4}) == 4 * 16384
+    assert R.bytes_in_flight_per_sm({"instructions": 3}) == 0
+    assert R.fmt_kib(4 * 16384) == "64 KiB"
 
 
 def test_gpu_slug_and_paths(tmp_path):
@@ -211,6 +266,60 @@ def test_markdown_quick_and_no_audit(doc):
     assert "Quick smoke run" in md
     assert "Not run yet: `python -m benchmarks.audit`" in md
     assert "![" not in md
+
+
+def w2_rows(name="W2-4096x8-bf16-b1", in_flight=4 * 16384):
+    wb = W.get(name).weight_bytes
+    rows = []
+    for v, us in (("megak", 120.0), ("megak_trace", 123.0), ("graph", 200.0),
+                  ("torch", 150.0), ("torch_graph", 80.0)):
+        r = result(name, v, us)
+        r.update(R.weight_fields(wb, r["median_us"]))
+        rows.append(r)
+    if in_flight is not None:
+        rows[0]["bytes_in_flight_per_sm"] = in_flight
+    return rows
+
+
+def test_markdown_renders_the_weight_bandwidth_of_w2_rows(doc, tmp_path):
+    doc["results"] += w2_rows()
+    path = tmp_path / "r.json"
+    R.write_json(doc, path)
+    md = R.render_markdown(json.loads(path.read_text()))
+    table = md.split("### W2-4096x8-bf16-b1")[1].split("###")[0]
+    assert "| check | target | weights (TB/s) |\n|---|---|---|---|---|---|---|---|---|" in table
+    # 256 MiB in 120 us = 2.24 TB/s; in 80 us = 3.36 TB/s
+    assert ("| megak | 3 | 120.0 | 120.0 | 1.00x | 0.67x | exact | <= 68 us: **missed by 52 us "
+            "(76%)** | 2.237 |") in table
+    assert "| torch_graph | 3 | 80.00 | 80.00 | 1.50x | 1.00x | exact |  | 3.355 |" in table
+    assert ("Weights: 256 MiB (268,435,456 B) read per run; *weights (TB/s)* = those bytes / "
+            "the median time, the effective weight bandwidth (megak: **2.237 TB/s**).") in table
+    assert "Bytes in flight per SM (megak's weight stream, 16 KiB pages): **64 KiB**." in table
+    # the targets table lists both batch forms
+    summary = md.split("## Targets")[1].split("##")[0]
+    assert "| W2-4096x8-bf16-b1 | <= 68 us | 120.0 us | **missed by 52 us (76%)** |" in summary
+    assert ("| W2-4096x8-bf16-b64 | <= 80 us | not run | not measured | | | 60 us at 4.48 TB/s "
+            "|") in summary
+    # workloads without weights keep their columns
+    assert "weights (TB/s)" not in md.split("### W1")[1].split("###")[0]
+    # a program without a weight stream says so
+    doc["results"] = w2_rows(in_flight=0)
+    md = R.render_markdown(doc)
+    assert "**0 KiB** (the program streams no weights)." in md
+
+
+def test_older_results_without_weight_fields_still_render(doc, tmp_path):
+    old = [{k: v for k, v in r.items()
+            if k not in ("weight_bytes", "weights_tb_s", "bytes_in_flight_per_sm")}
+           for r in w2_rows()]
+    doc["results"] += old
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    assert R.main(["--out-dir", str(tmp_path), "--render-only", str(path)]) == 0
+    md = (tmp_path / "RESULTS.md").read_text()
+    table = md.split("### W2-4096x8-bf16-b1")[1].split("###")[0]
+    assert "| check | target |\n|---|---|---|---|---|---|---|---|\n" in table
+    assert "TB/s" not in table and "in flight" not in table
 
 
 def test_chart(doc, tmp_path):
@@ -600,6 +709,25 @@ def test_flow_never_reports_a_variant_that_skipped_work(rng):
                                        log=lambda *a: None, backend="sim", bench_cls=Lazy)
     assert [r["variant"] for r in res] == ["megak", "megak_trace", "graph"]
     assert fails[0]["variant"] == "separate" and "non-finite" in fails[0]["error"]
+
+
+def test_flow_records_the_weight_bandwidth_of_w2(rng):
+    w = W.w2(hidden=64, layers=3, batch=1, dtype="bfloat16")
+    assert w.name == "W2-64x3-bf16-b1" and w.weight_bytes == 3 * 64 * 64 * 2
+    res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=SimBench)
+    assert fails == [] and [r["variant"] for r in res] == ["megak", "megak_trace", "separate",
+                                                            "graph"]
+    for r in res:
+        assert r["weight_bytes"] == w.weight_bytes
+        assert r["weights_tb_s"] == pytest.approx(w.weight_bytes / (r["median_us"] * 1e-6) / 1e12)
+    # read from the program's stats (0 until the program streams its weights)
+    assert res[0]["bytes_in_flight_per_sm"] >= 0
+    assert all("bytes_in_flight_per_sm" not in r for r in res[1:])
+    # a workload without weights records none
+    res, _, _ = R.run_gpu_workload(W.w1(n_ops=4), quick=True, torch_env=None, rng=rng,
+                                   log=lambda *a: None, backend="sim", bench_cls=SimBench)
+    assert all("weights_tb_s" not in r and "bytes_in_flight_per_sm" not in r for r in res)
 
 
 def test_flow_skips_timing_megak_when_its_run_is_wrong(rng, monkeypatch):

@@ -87,13 +87,15 @@ def test_no_spills_in_any_entry_or_callee(kernel):
         assert info["registers"] is not None, f"no ptxas line for {entry}:\n{kernel.log}"
         assert info["registers"] <= 255
         assert info["spill_stores"] == info["spill_loads"] == 0, kernel.log
-        # the megakernel calls its role functions (mk_loader, mk_compute): a call frame
+        # the megakernel calls its role functions (mk_loader, mk_compute): a call frame; the
+        # separate-launch entry (benchmarks only) gets a 32-B frame from ptxas as soon as it
+        # can call the streamed GEMM's body (not a spill: no spill stores or loads)
         if entry != "megakernel":
-            assert info["stack_bytes"] == 0, f"{entry} keeps a stack frame:\n{kernel.log}"
+            assert info["stack_bytes"] <= 32, f"{entry} keeps a stack frame:\n{kernel.log}"
     props = _function_properties(kernel.log)
     gemm = [f for f in props if "mk_gemm" in f]
-    assert len(gemm) == 3, ("expected the fp32, bf16 and skinny bf16 GEMM bodies as functions: "
-                            f"{sorted(props)}")
+    assert len(gemm) == 3, ("expected the fp32, bf16 and streamed bf16 GEMM bodies as "
+                            f"functions: {sorted(props)}")
     for name, (stack, stores, loads) in props.items():
         if any(c in name for c in CONTROL_FUNCTIONS):
             continue   # bounded in tests/test_device_compile.py

@@ -35,7 +35,8 @@ def test_reduce_compiles_without_spills(kernel):
         assert info["registers"] is not None and info["registers"] <= 255, kernel.log
         assert info["spill_stores"] == info["spill_loads"] == 0, kernel.log
         if entry != "megakernel":   # the megakernel calls its role functions: a frame
-            assert info["stack_bytes"] == 0, kernel.log
+            # (the separate-launch entry's 32 B: tests/test_device_gemm_compile.py)
+            assert info["stack_bytes"] <= 32, kernel.log
     bodies = re.findall(r"Function properties for (\S*mk_reduce_body\S*)\s*\n\S*\s*\.\s*(\d+) "
                         r"bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads",
                         kernel.log)

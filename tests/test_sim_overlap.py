@@ -87,22 +87,17 @@ def test_page_plan_rules():
         assert pp.page_plan(rec, "bfloat16") == pp.PagePlan(phases=(((), ()),))
 
 
-def test_skinny_page_plan_follows_the_record_shape():
+def test_stream_page_plan():
     rec = np.zeros(1, dtype=abi.INSTR_DTYPE)[0]
-    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OPCODE_OF["gemm"], 4, 16, 8, 1024
-    rec["k0"], rec["col0"], rec["flags"] = 0, 40, abi.FLAG_B_READY
+    rec["opcode"], rec["pages"], rec["rows"], rec["cols"], rec["klen"] = abi.OPCODE_OF["gemm"], 3, 16, 64, 1024
+    rec["k0"], rec["col0"], rec["flags"] = 0, 64, abi.FLAG_B_READY | abi.FLAG_STREAM
     plan = pp.page_plan(rec, "bfloat16")
-    # one 1024-row stage of one plane, loaded before the wait; A is never staged
-    assert plan.preload_early == (0,) and plan.preload_late == ()
-    assert plan.early_reads == ((abi.ARG_B, 0, 1024, 40, 48),)
-    assert plan.phases == (((0, 1, 2, 3), (2, 3)), ((0, 1), (1,)), ((0,), (0,)))
-    rec["cols"], rec["klen"], rec["flags"] = 32, 4096, 0   # 4 planes: 256 k-rows per stage
-    plan = pp.page_plan(rec, "bfloat16")
-    assert plan.preload_early == () and plan.preload_late == (0, 1, 2)
-    rec["cols"] = 33                                         # too wide: the 128 x 128 path
+    # B comes through the ring (not the op's pages): nothing preloaded; A's ring in 0-1, the
+    # box page 2, the partials' 1-2 go after the reduction
+    assert plan.preload_early == () and plan.preload_late == ()
+    assert plan.phases == (((0, 1, 2), ()), ((0, 1, 2), (1, 2)), ((0,), (0,)))
+    rec["flags"] = abi.FLAG_B_READY                       # not streamed: the 128 x 128 path
     assert pp.page_plan(rec, "bfloat16").phases[0][1] == (1, 2, 3)
-    rec["cols"] = 8
-    assert pp.page_plan(rec, "float32").preload_late == ()   # fp32: never skinny
 
 
 def test_page_invariants_hold_under_random_interleavings(rng):

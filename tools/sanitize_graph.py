@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """One small mixed graph through the CUDA backend, checked against float64: the workload
 `tools/sanitize.sh` runs under compute-sanitizer. It touches every path of the megakernel:
-an fp32 gemm -> transpose -> copy, and in bf16 a chain of two skinny GEMMs (M = 16: weights
-preloaded by the loader warp before the wait, A straight from global memory) plus a 128-row
+an fp32 gemm -> transpose -> copy, and in bf16 a chain of two streamed GEMMs (M = 16: the
+weights through the streamer warp's TMA ring across the two instructions) plus a 128-row
 tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
 the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16.
 The runs are made once as launches (prog.run) and once as requests of a resident kernel
@@ -36,7 +36,7 @@ U32 = 2.0 ** -24  # fp32 unit roundoff
 
 
 BF16_U = 2.0 ** -8  # bf16 unit roundoff (outputs rounded to nearest even)
-SKINNY_M, BF16_K, BF16_N, TILE_M = 16, 200, 40, 40
+STREAM_M, BF16_K, BF16_N, TILE_M = 16, 200, 40, 40
 
 
 def build(m: int, k: int, n: int) -> megak.Graph:
@@ -47,7 +47,7 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     t = g.transpose(c)
     y = g.copy(t)
     g.output(y, "y")
-    x = g.input("x", (SKINNY_M, BF16_K), "bfloat16")
+    x = g.input("x", (STREAM_M, BF16_K), "bfloat16")
     w1 = g.input("w1", (BF16_K, BF16_N), "bfloat16")
     w2 = g.input("w2", (BF16_N, BF16_N), "bfloat16")
     h = g.gemm(x, w1, activation="relu")
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
-                  for name, shape in (("x", (SKINNY_M, BF16_K)), ("w1", (BF16_K, BF16_N)),
+                  for name, shape in (("x", (STREAM_M, BF16_K)), ("w1", (BF16_K, BF16_N)),
                                       ("w2", (BF16_N, BF16_N)), ("p", (TILE_M, BF16_K)))}
             n = ROWS[1]
             rows = {"r": rng.uniform(-1, 1, ROWS).astype(np.float32).astype(BF16),

@@ -79,7 +79,8 @@ __device__ __forceinline__ bool mk_epilogue_check(const mk_instr& in)
 /* The epilogue's operands (GEMM and REDUCE share them): bias a (1 x >= col0 + cols) row when
  * used, residual (>= row0 + rows) x (>= col0 + cols) when used, out (>= out_row0 + rows) x
  * (>= col0 + cols); every tensor fp32 or bf16. */
-__device__ __forceinline__ bool mk_epilogue_operands_ok(const mk_instr& in, const mk_tensor* op)
+__device__ __forceinline__ bool mk_epilogue_operands_ok_at(const mk_instr& in, const mk_tensor* op,
+                                                           int out_row0)
 {
     if ((in.flags & MK_FLAG_BIAS) &&
         !(op[MK_ARG_BIAS].rows == 1 &&
@@ -88,7 +89,12 @@ __device__ __forceinline__ bool mk_epilogue_operands_ok(const mk_instr& in, cons
     if ((in.flags & MK_FLAG_RESIDUAL) &&
         !mk_tensor_region_ok(op[MK_ARG_RESIDUAL], in.row0, in.rows, in.col0, in.cols))
         return false;
-    return mk_tensor_region_ok(op[MK_ARG_OUT], in.out_row0, in.rows, in.col0, in.cols);
+    return mk_tensor_region_ok(op[MK_ARG_OUT], out_row0, in.rows, in.col0, in.cols);
+}
+
+__device__ __forceinline__ bool mk_epilogue_operands_ok(const mk_instr& in, const mk_tensor* op)
+{
+    return mk_epilogue_operands_ok_at(in, op, in.out_row0);
 }
 
 #endif /* MEGAK_EPILOGUE_CUH */

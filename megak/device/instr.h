@@ -59,15 +59,6 @@ enum mk_op_shapes {
                                   empty to issue its next load into when it starts */
     MK_GEMM_STAGE_ROWS = 32,   /* epilogue: staging rows of 128 fp32 per page, so a tile of
                                   fewer rows keeps fewer pages for its epilogue */
-    MK_GEMM_SKINNY_M = 16,     /* bf16 GEMMs of at most this many rows: one instruction per narrow
-                                  column band over the whole K (ops/gemm_bf16_skinny.cuh) */
-    MK_GEMM_SKINNY_MAX_N = 32, /* widest such band; a bf16 tile of <= SKINNY_M rows and
-                                  <= SKINNY_MAX_N columns runs on the skinny path */
-    MK_SKINNY_STAGES = 4,      /* skinny: ring of B stages, one page each */
-    MK_SKINNY_AHEAD = MK_SKINNY_STAGES - 1,   /* stages in flight; the loader preloads <= this */
-    MK_SKINNY_STAGE_K_LOG2 = 10,
-    MK_SKINNY_STAGE_K = 1 << MK_SKINNY_STAGE_K_LOG2,   /* k-rows per stage of an 8-column band
-                                  (one plane); 16 and 32 columns take 2 and 4 planes */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
     MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
@@ -79,7 +70,20 @@ enum mk_op_shapes {
                                   from global memory once per pass (any width, no pages) */
     MK_SOFTMAX_PAGES = MK_ROWWISE_PAGES,
     MK_LAYERNORM_PAGES = MK_ROWWISE_PAGES,
-    MK_RMSNORM_PAGES = MK_ROWWISE_PAGES
+    MK_RMSNORM_PAGES = MK_ROWWISE_PAGES,
+    /* the weight stream (ops/gemm_stream.cuh): one unit = one TMA box = one page */
+    MK_STREAM_BOX_COLS = 64,   /* columns of B per box (128 B of bf16: the 128-B swizzle span) */
+    MK_STREAM_BOX_ROWS = 128,  /* k-rows per box: 64 x 128 bf16 = MK_PAGE_BYTES */
+    MK_STREAM_M = 64,          /* rows of A a streamed GEMM takes */
+    MK_STREAM_TILE_M = 32,     /* rows one streamed instruction takes (2 m16 MMA tiles); a GEMM
+                                  of more rows has two row bands, each streaming B */
+    MK_STREAM_PAGES = 3,       /* the op's own pages: 0-1 the A ring of the k loop and 2 B's
+                                  box where the ring cannot deliver it; then 0 staging and 1-2
+                                  the 8 warps' partials */
+    MK_STREAM_MIN_RING = 2,    /* a program streams weights only with at least this many ring
+                                  pages left over by its other instructions */
+    MK_STREAM_MAX_RING = 12,   /* ring pages a block can track (mbarrier pairs in mk_control) */
+    MK_TMAP_BYTES = 128        /* one CUtensorMap in the binding's table (128-B aligned) */
 };
 
 enum mk_opcode {
@@ -111,7 +115,8 @@ enum mk_op_operands {
     MK_COPY_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT),
     MK_TRANSPOSE_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT),
     MK_GEMM_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_OUT) | (1 << MK_ARG_BIAS) |
-                       (1 << MK_ARG_RESIDUAL),
+                       (1 << MK_ARG_RESIDUAL) | (1 << MK_ARG_SPARE),   /* spare: partials of a
+                                                                         streamed GEMM */
     MK_REDUCE_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_OUT) | (1 << MK_ARG_BIAS) |
                          (1 << MK_ARG_RESIDUAL),
     MK_ADD_OPERANDS = (1 << MK_ARG_A) | (1 << MK_ARG_B) | (1 << MK_ARG_OUT),
@@ -133,7 +138,14 @@ enum mk_flags {
     MK_FLAG_ACT_MASK = 240,
     MK_FLAG_B_READY = 256,        /* operand B has no producer in this graph: the loader may load it
                                      before the waits */
-    MK_FLAG_CAUSAL = 512          /* softmax: column j of row i is masked out where j > i */
+    MK_FLAG_CAUSAL = 512,         /* softmax: column j of row i is masked out where j > i */
+    MK_FLAG_STREAM = 1024         /* GEMM, bf16, B a graph input (with MK_FLAG_B_READY): B comes
+                                     through the block's weight ring (ops/gemm_stream.cuh). Such
+                                     a record's param is parts << 16 | part: its k range is part
+                                     `part` of `parts` of its column band; with parts > 1,
+                                     tensor[MK_ARG_SPARE] is the fp32 partials tensor (part p's
+                                     rows at p * MK_STREAM_M + row0) and out_row0 the band's
+                                     combine counter (the output rows start at row0) */
 };
 
 enum mk_activation {
@@ -181,7 +193,14 @@ typedef struct mk_instr {
     mk_u32 param;         /* the op's fp32 scalar as bits: softmax scale, norm epsilon */
 } mk_instr;
 
-/* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements). */
+/* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements).
+ *
+ * A tensor table of n entries is followed, in the same buffer, by the tensor maps of the
+ * weight stream: at byte offset mk_tmap_offset(n) = 24 n rounded up to MK_TMAP_BYTES,
+ * CUtensorMap[n] (entry i encodes tensor i as B of a streamed GEMM: bf16, dims {cols, rows},
+ * row stride 2 ld bytes, box {MK_STREAM_BOX_COLS, MK_STREAM_BOX_ROWS}, 128-B swizzle, zero
+ * fill out of bounds), then mk_u32 ready[n]: 1 where entry i was encoded for this table, 0
+ * where it could not be (B not 16-B aligned: the GEMM then loads B itself). */
 typedef struct mk_tensor {
     mk_u64 ptr;
     mk_u32 rows;
@@ -242,6 +261,9 @@ typedef struct mk_params {
     mk_u32 max_target;    /* signals per run of the busiest counter (epoch wrap) */
     mk_u32 n_active;      /* blocks that take part in an invocation: block 0 and every block
                              b < n_sm with a non-empty queue (the others leave at once) */
+    mk_u32 stream_pages;  /* pages of the weight ring, the last ones of each block (0: the
+                             program streams nothing); the allocator has n_pages - this */
+    mk_u32 pad;
 } mk_params;
 
 /* What the device keeps between invocations of one program, in device memory. The last block

@@ -12,7 +12,9 @@
  *                                       the op's release order, signal its counters
  *   warp  8    (32 lanes, 56 regs)      loader: one instruction ahead: fetch q+1, validate,
  *                                       acquire pages, preload B, wait, preload the rest
- *   warps 9-11                          leave at once (setmaxnreg works per warpgroup)
+ *   warp  10   (lane 0, 56 regs)        streamer: the weight ring of the streamed GEMMs,
+ *                                       as far ahead as the ring allows (stream.cuh)
+ *   warps 9,11                          leave at once (setmaxnreg works per warpgroup)
  *
  *   loader    | fetch q+1 | acquire | preload B | wait counters | preload A | full[q+1] -->
  *   compute   ...run q .........................| release early pages ...| signal q | empty[q]
@@ -32,6 +34,7 @@
 #include "instr.h"
 #include "sync.cuh"
 #include "pages.cuh"
+#include "stream.cuh"
 #include "ops/copy.cuh"
 #include "ops/transpose.cuh"
 #include "ops/gemm.cuh"
@@ -146,9 +149,9 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
 {
     if (in.opcode >= MK_OP_COUNT)
         return MK_ERR_BAD_OPCODE;
-    if (in.pages > p.n_pages) {
+    if (in.pages > p.n_pages - p.stream_pages) {   /* the ring's pages are not the allocator's */
         *expected = in.pages;
-        *observed = p.n_pages;
+        *observed = p.n_pages - p.stream_pages;
         return MK_ERR_PAGES;
     }
     const mk_u32 n_waits = in.n_waits, n_signals = in.n_signals, n_counters = p.n_counters;
@@ -165,7 +168,12 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
         bad |= (((used >> i) & 1u) != 0u) & (in.tensor[i] >= p.n_tensors);
     /* Region limits, and at least the pages the op writes to: a record that lies about
      * either would make the op scribble over shared memory. */
-    bad |= !mk_op_check(in) | (in.pages < mk_op_pages(in.opcode));
+    /* (a streamed GEMM needs fewer pages than the tiled ones: its op check counts them) */
+    bad |= !mk_op_check(in) |
+           ((in.pages < mk_op_pages(in.opcode)) & ((in.flags & MK_FLAG_STREAM) == 0u));
+    /* a streamed record with parts names its combine counter in out_row0 (instr.h) */
+    bad |= ((in.flags & MK_FLAG_STREAM) != 0u) & ((in.param >> 16) > 1u) &
+           ((mk_u32)in.out_row0 >= n_counters);
     return bad ? MK_ERR_BAD_DESCRIPTOR : MK_OK;
 }
 
@@ -286,12 +294,6 @@ __device__ __forceinline__ bool mk_mbar_wait(mk_u64* bar, mk_u32 parity, mk_u64 
     return true;
 }
 
-__device__ __forceinline__ mk_u64 mk_deadline(mk_u64 timeout_ns)
-{
-    const mk_u64 now = mk_globaltimer();
-    return now + timeout_ns >= now ? now + timeout_ns : ~0ull;
-}
-
 /* Step L3, loader lane 0: take the instruction's pages, waiting while the compute warps still
  * hold them (they hand pages back as the running op's page plan frees them). If the compute
  * warps have finished everything before q and the pages are still missing, nobody will ever
@@ -317,6 +319,77 @@ __device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u6
     }
 }
 
+/* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
+__device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p)
+{
+    return mk_gemm_stream_stages(in, p);
+}
+
+/* Streamer lane 0: wait until the compute warps have read ring slot `slot`'s previous stage
+ * (phase `parity` of ring_empty). False when they left early (ring_stop) or never came back
+ * within `patience` ns: the streamer then stops (a compute warp waiting for a stage that will
+ * not come records the timeout itself). */
+__device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot, mk_u32 parity,
+                                                   mk_u64 patience)
+{
+    const mk_u64 deadline = mk_deadline(patience);
+    while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {
+        if (mk_ring_stopped())
+            return false;
+        if (mk_globaltimer() > deadline) {
+            atomicExch(&ctl.ring_stop, 1u);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The streamer warp (warp MK_THREADS / 32 + 2; stream.cuh): lane 0 walks the block's queue in
+ * order and streams the boxes of every streamed instruction into the ring, as far ahead as
+ * the ring's free slots allow, across instruction boundaries and dependency waits; then
+ * drains. The other lanes wait at the warp barrier. */
+__device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32 lane)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    if (lane == 0 && p.stream_pages > 0) {
+        const mk_u32 R = p.stream_pages;
+        const unsigned char* tmaps = mk_tmaps(p);
+        const mk_u32 ring0 = mk_smem_addr(mk_ring_page(p, 0));
+        const mk_u64 policy = mk_policy_evict_first();
+        const mk_u64 t = p.timeout_ns;
+        const mk_u64 patience = t > (~0ull >> 2) ? ~0ull : 3 * t + 1000000000ull;
+        mk_fence_proxy_async_smem();   /* the ring pages' earlier generic writes, if any */
+        mk_u32 pos = 0;
+        bool go = true;
+        for (mk_u32 q = 0; q < n && go; ++q) {
+            const mk_instr& in = queue[q];   /* global: host-written before the invocation */
+            const mk_u32 stages = mk_stream_stages(in, p);
+            if (stages == 0)
+                continue;
+            const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
+            const int c0 = in.col0, r0 = in.k0;
+            for (mk_u32 s = 0; s < stages; ++s, ++pos) {
+                const mk_u32 slot = pos % R;
+                if (pos >= R && !mk_ring_wait_empty(ctl, slot, ((pos / R) - 1u) & 1u, patience)) {
+                    go = false;
+                    break;
+                }
+                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);
+                mk_tma_load_2d(ring0 + slot * (mk_u32)MK_PAGE_BYTES, tmap, c0,
+                               r0 + (int)(s * MK_STREAM_BOX_ROWS), &ctl.ring_full[slot], policy);
+            }
+        }
+        /* drain: the last stage issued into each slot has landed (a copy always completes) */
+        const mk_u64 deadline = mk_deadline(patience);
+        for (mk_u32 i = pos > R ? pos - R : 0u; i < pos; ++i)
+            while (!mk_mbar_try_wait(&ctl.ring_full[i % R], (i / R) & 1u) &&
+                   mk_globaltimer() <= deadline) {
+            }
+    }
+    __syncwarp();
+}
+
 /* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead
  * of the compute warps.
  *
@@ -337,6 +410,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
     mk_control& ctl = mk_ctl();
     const mk_params& p = ctl.params;
     mk_stop_info& e = ctl.loader_stop;
+    mk_u32 stream_pos = 0;   /* lane 0: the weight stream's next stage position */
     for (mk_u32 q = 0; q < n; ++q) {
         mk_slot& s = ctl.slot[q & 1];
         mk_u32 error = MK_OK;
@@ -376,9 +450,13 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
                 if (error != MK_OK)
                     e.expected = s.ins.pages;   /* observed: the pages free at the end */
             }
+            /* the streamer counts the same stages on the same record bytes (stream.cuh) */
+            s.stream_pos = stream_pos;
+            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;
+            stream_pos += s.stream_stages;
 #if MK_TRACE
             s.t_loader[2] = mk_globaltimer();
-            s.pages_in_use = (mk_u32)__popc(mk_all_pages_mask(p.n_pages) &
+            s.pages_in_use = (mk_u32)__popc(mk_all_pages_mask(p.n_pages - p.stream_pages) &
                                             ~mk_pages_free_now(&ctl.free_pages));
 #endif
         }
@@ -510,9 +588,12 @@ __device__ __noinline__ void mk_compute()
         const mk_u64 deadline = mk_deadline(t > (~0ull >> 2) ? ~0ull : 3 * t + 1000000000ull);
         const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);
         if (!ready || s.stop) {
-            if (!ready && tid == 0) {
-                mk_stop_info e = {MK_ERR_TIMEOUT, q, 0, 0, 0, 0, 0};
-                mk_stop(p, e);
+            if (tid == 0) {
+                atomicExch(&ctl.ring_stop, 1u);   /* the streamer stops and drains */
+                if (!ready) {
+                    mk_stop_info e = {MK_ERR_TIMEOUT, q, 0, 0, 0, 0, 0};
+                    mk_stop(p, e);
+                }
             }
             return;   /* stopped: the loader (or thread 0) has written sm_state and status */
         }
@@ -525,10 +606,18 @@ __device__ __noinline__ void mk_compute()
 #endif
         /* C2 */
         const mk_pages pages = {mk_page_array(mk_smem), s.page, s.preloaded, &s.released,
-                                &ctl.free_pages};
+                                &ctl.free_pages, s.stream_pos, s.stream_stages};
         mk_op_run(s.ins, s.operand, pages);
         /* C3 */
         mk_compute_sync();
+        if (*reinterpret_cast<volatile mk_u32*>(&ctl.stream_error) != 0u) {
+            /* a ring wait of the op passed its deadline (the op raised ring_stop) */
+            if (tid == 0) {
+                mk_stop_info e = {MK_ERR_TIMEOUT, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};
+                mk_stop(p, e);
+            }
+            return;
+        }
         /* C4 */
         if (tid == 0)
             mk_compute_signal(q);
@@ -536,10 +625,10 @@ __device__ __noinline__ void mk_compute()
     if (tid == 0) {
         /* A leak is reported against the queue's last instruction, as the simulator does. */
         const mk_u32 free_now = mk_pages_free_now(&ctl.free_pages);
-        if (p.debug && free_now != mk_all_pages_mask(p.n_pages)) {
+        if (p.debug && free_now != mk_all_pages_mask(p.n_pages - p.stream_pages)) {
             const mk_instr& last = ctl.slot[(n - 1) & 1].ins;
             mk_stop_info e = {MK_ERR_PAGE_LEAK, n - 1, last.opcode, last.op_index, 0,
-                              mk_all_pages_mask(p.n_pages), free_now};
+                              mk_all_pages_mask(p.n_pages - p.stream_pages), free_now};
             mk_stop(p, e);
             return;
         }
@@ -657,9 +746,11 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resid
     }
 }
 
-/* Both roles of a block meet here: warps 0-7 and the loader warp (warps 9-11 left after
- * setmaxnreg and take no part). Every call site is reached by all 288 threads. */
-enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 32 };
+/* The roles of a block meet here: warps 0-7, the loader warp and the streamer warp (warps 9
+ * and 11 left after setmaxnreg and take no part). Every call site is reached by all 320
+ * threads. */
+enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 64,
+       MK_LOADER_WARP = MK_THREADS / 32, MK_STREAMER_WARP = MK_THREADS / 32 + 2 };
 
 __device__ __forceinline__ void mk_join_roles()
 {
@@ -680,17 +771,21 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, mk_u32 epoch, mk_u
     ctl.n = q_end >= q_begin ? q_end - q_begin : 0u;
     ctl.q_begin = q_begin;
     const mk_u32 n_pages = ctl.params.n_pages;
-    ctl.free_pages = mk_all_pages_mask(n_pages);
+    const mk_u32 ring = ctl.params.stream_pages;
+    const bool ring_ok = ring <= MK_STREAM_MAX_RING && ring < n_pages;
+    ctl.free_pages = ring_ok ? mk_all_pages_mask(n_pages - ring) : 0u;
     for (int i = 0; i < 2; ++i) {
         mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
         mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */
     }
+    mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
+    ctl.stream_error = 0;
     const unsigned char* page_array = mk_page_array(mk_smem);
     const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
     mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
     if (q_end < q_begin) {
         e.error = MK_ERR_BAD_DESCRIPTOR;
-    } else if (n_pages > MK_MAX_PAGES || need > mk_dynamic_smem_size()) {
+    } else if (n_pages > MK_MAX_PAGES || need > mk_dynamic_smem_size() || !ring_ok) {
         e.error = MK_ERR_PAGES;
         e.expected = (mk_u32)need;
         e.observed = mk_dynamic_smem_size();
@@ -745,6 +840,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
     int stop = 0;
     if (tid == 0) {
         ctl.params = *params;
+        ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
         stop = !mk_begin_invocation(tensors, mk_epoch_of(ctl.params), ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {
@@ -754,9 +850,13 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
     }
     if (warp >= MK_THREADS / 32) {
         MK_LOADER_SETMAXNREG();
-        if (warp != MK_THREADS / 32)
+        const mk_instr* queue = reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin;
+        if (warp == MK_LOADER_WARP)
+            mk_loader(queue, ctl.n, lane);
+        else if (warp == MK_STREAMER_WARP)
+            mk_streamer(queue, ctl.n, lane);
+        else
             return;
-        mk_loader(reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin, ctl.n, lane);
     } else {
         MK_COMPUTE_SETMAXNREG();
         mk_compute();
@@ -956,13 +1056,15 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
 }
 
 /* One role's loop over requests. Thread 0 (a compute thread) reads request s, sets the block
- * up and arrives on request_ready; the other 287 threads of both roles wait for it, run the
- * request if the block is active in it, and arrive on request_done, which thread 0 waits for
- * before it counts the block out and rewrites ctl for the next request. Both hand-offs are
- * mbarriers (arrive = release, wait = acquire at CTA scope), not a named barrier: the two
+ * up and arrives on request_ready; the other 319 threads of the three roles wait for it, run
+ * the request if the block is active in it, and arrive on request_done, which thread 0 waits
+ * for before it counts the block out and rewrites ctl for the next request. Both hand-offs
+ * are mbarriers (arrive = release, wait = acquire at CTA scope), not a named barrier: the
  * roles loop in separate code paths, each after its own setmaxnreg, and an aligned barrier
  * must be one instruction for all. Phase k of each barrier is request first + k. */
-template <bool LOADER>
+enum { MK_ROLE_COMPUTE = 0, MK_ROLE_LOADER = 1, MK_ROLE_STREAMER = 2 };
+
+template <int ROLE>
 __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, mk_u32 lane)
 {
     mk_control& ctl = mk_ctl();
@@ -970,7 +1072,7 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
     /* thread 0 takes at most idle + wait (+ slack) to publish a request */
     const mk_u64 patience = a.idle_ns + a.wait_ns + 2000000000ull;
     for (mk_u32 s = a.first, k = 0;; ++s, ++k) {
-        if (!LOADER && tid == 0) {
+        if (ROLE == MK_ROLE_COMPUTE && tid == 0) {
             mk_take_request(a, s);
             mk_mbar_arrive(&ctl.request_ready);
         } else if (!mk_mbar_wait(&ctl.request_ready, k & 1u, mk_deadline(patience))) {
@@ -981,13 +1083,16 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
         if (what == MK_REQUEST_LEAVE)
             return;
         if (what == MK_REQUEST_RUN) {
-            if (LOADER)
-                mk_loader(reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin,
-                          ctl.n, lane);
+            const mk_instr* queue =
+                reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin;
+            if (ROLE == MK_ROLE_LOADER)
+                mk_loader(queue, ctl.n, lane);
+            else if (ROLE == MK_ROLE_STREAMER)
+                mk_streamer(queue, ctl.n, lane);
             else
                 mk_compute();
         }
-        if (LOADER || tid != 0) {
+        if (ROLE != MK_ROLE_COMPUTE || tid != 0) {
             mk_mbar_arrive(&ctl.request_done);
             continue;
         }
@@ -1013,18 +1118,20 @@ megakernel_resident(const mk_resident_args a)
             mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
             mk_mbar_init(&ctl.empty[i], 1u);
         }
+        ctl.ring_inited = 0;   /* each request's set-up initialises the ring it needs */
     }
     __syncthreads();   /* the barriers are initialised before anyone waits on them */
     if (warp >= MK_THREADS / 32) {
         MK_LOADER_SETMAXNREG();
         if (blockIdx.x == 0 && warp == MK_THREADS / 32 + 1)
             mk_relay(a, lane);
-        if (warp != MK_THREADS / 32)
-            return;
-        mk_serve<true>(a, tid, lane);
+        if (warp == MK_LOADER_WARP)
+            mk_serve<MK_ROLE_LOADER>(a, tid, lane);
+        else if (warp == MK_STREAMER_WARP)
+            mk_serve<MK_ROLE_STREAMER>(a, tid, lane);
     } else {
         MK_COMPUTE_SETMAXNREG();
-        mk_serve<false>(a, tid, lane);
+        mk_serve<MK_ROLE_COMPUTE>(a, tid, lane);
     }
 }
 
@@ -1042,6 +1149,15 @@ megak_op(const mk_params* params, mk_u32 first)
     const mk_instr* rec = reinterpret_cast<const mk_instr*>(params->instrs) + first + blockIdx.x;
     if (tid < MK_INSTR_BYTES / 4)
         reinterpret_cast<mk_u32*>(&s.ins)[tid] = reinterpret_cast<const mk_u32*>(rec)[tid];
+    if (tid == 0) {
+        /* the ops read the counters (a streamed GEMM's combine) and epoch from here; no ring:
+         * a streamed GEMM loads B itself */
+        ctl.params.counters = params->counters;
+        ctl.params.epoch = params->epoch;
+        ctl.params.stream_pages = 0;
+        ctl.stream_error = 0;
+        ctl.ring_stop = 0;
+    }
     int stop = 0;
     __syncthreads();
     if (tid == 0) {

@@ -49,7 +49,8 @@ struct mk_slot {
     mk_u32 stop;                         /* the loader stopped here (error or abort) */
     mk_u32 pages_in_use;                 /* pages held on the SM once this one acquired (trace) */
     mk_u64 t_loader[3];                  /* MK_TRACE: fetch, waited, acquired (loader clock) */
-    mk_u64 pad;
+    mk_u32 stream_pos;                   /* weight stream (stream.cuh): first stage position */
+    mk_u32 stream_stages;                /* and stage count of this instruction; 0: none */
 };
 
 /* What a stopping block reports about itself. */
@@ -74,6 +75,14 @@ struct mk_control {
     mk_u32 request;                    /* resident kernel: what this block does with the
                                           request just read (MK_REQUEST_*) */
     mk_u64 trace_t[MK_TRACE_PHASES];   /* MK_TRACE: compute-side phase times of the running op */
+    /* the weight ring (stream.cuh): slot i's page holds a stage (full), the compute warps are
+     * done with it (empty) */
+    mk_u64 ring_full[MK_STREAM_MAX_RING];
+    mk_u64 ring_empty[MK_STREAM_MAX_RING];
+    mk_u32 ring_inited;                /* ring barriers initialised for this invocation */
+    mk_u32 ring_stop;                  /* a compute role left early: the streamer drains */
+    mk_u32 stream_last;                /* gemm_stream: this block finished its band's combine */
+    mk_u32 stream_error;               /* gemm_stream: a ring wait passed its deadline */
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");
@@ -140,6 +149,8 @@ struct mk_pages {
     mk_u32 preloaded;
     mk_u32* released;      /* the slot's mask of table positions already handed back; or null */
     mk_u32* free_mask;     /* the allocator's mask of free physical pages; or null */
+    mk_u32 stream_pos;     /* weight stream: the op's first stage position (stream.cuh) */
+    mk_u32 stream_stages;  /* and how many stages the streamer delivers; 0: the op loads B */
 
     __device__ __forceinline__ float* operator[](int i) const
     {

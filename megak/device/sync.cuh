@@ -123,6 +123,13 @@ __device__ __forceinline__ mk_u64 mk_globaltimer()
     return t;
 }
 
+/* %globaltimer + timeout_ns, saturating: the end of a bounded wait. */
+__device__ __forceinline__ mk_u64 mk_deadline(mk_u64 timeout_ns)
+{
+    const mk_u64 now = mk_globaltimer();
+    return now + timeout_ns >= now ? now + timeout_ns : ~0ull;
+}
+
 /* SM cycles: short busy delays where %globaltimer is too coarse. */
 __device__ __forceinline__ mk_u32 mk_clock()
 {

@@ -30,6 +30,11 @@ class Lowered:
     extra: dict = field(default_factory=dict)  # per-instruction fields (k0, klen, ...)
     operands: list[int] | None = None  # mk_instr.tensor[] position of each input (default 0..)
     flags: int = 0                     # mk_flags of every instruction (epilogue, ...)
+    wait_levels: tuple[str, ...] | None = None  # counter levels consumers may wait on (None:
+                                       # any); a grid whose rows are not output rows limits them
+    combine: np.ndarray | None = None  # per instruction: its combine group (a band of
+                                       # streamed parts); the scheduler puts the group's
+                                       # counter in out_row0 (instr.h, MK_FLAG_STREAM)
 
     @property
     def n_row_tiles(self) -> int:

@@ -162,6 +162,10 @@ class OpDef:
         """Record-only limits beyond the operand slots (the device's mk_<op>_check)."""
         return True
 
+    def min_pages(self, rec) -> int:
+        """The fewest pages a record of this op may ask for (the device's mk_validate)."""
+        return self.pages
+
     def simulate(self, rec, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
         """Execute one record on numpy tensors as the device does; return the regions read,
         (operand position, r0, r1, c0, c1) each."""

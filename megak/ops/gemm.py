@@ -7,10 +7,10 @@ short; the device op bounds-checks. fp32 operands run on the FMA pipes, bf16 ope
 tensor cores; both accumulate in fp32.
 
 `expand` picks one of three lowerings by shape:
-  * skinny bf16 GEMMs (M <= MK_GEMM_SKINNY_M, an MLP at small batch): one instruction per
-    narrow column band of all M rows over the whole K, so that a layer is about one
-    instruction per SM and every SM streams only its band of the weights
-    (device/ops/gemm_bf16_skinny.cuh); never split;
+  * streamed bf16 GEMMs (M <= MK_STREAM_M and B a graph input: a layer at batch 1..64): B in
+    boxes of 64 columns x 128 k-rows through the weight ring (device/stream.cuh,
+    device/ops/gemm_stream.cuh); each 64-column band in `parts` equal k ranges, so that a layer
+    is about one instruction per SM, the last part of a band to finish sums the partials;
   * GEMMs of few output tiles: split over K into fp32 partials on many SMs, plus a REDUCE
     unit (ops/reduce.py) that sums them in a fixed order and applies the epilogue;
   * the rest: one instruction per 128 x 128 output tile.
@@ -32,10 +32,13 @@ SHAPES = abi.OP_SHAPES
 TILE_M = SHAPES["MK_GEMM_TILE_M"]
 TILE_N = SHAPES["MK_GEMM_TILE_N"]
 PAGES_BY_DTYPE = {"float32": SHAPES["MK_GEMM_PAGES"], "bfloat16": SHAPES["MK_GEMM_BF16_PAGES"]}
-SKINNY_M = SHAPES["MK_GEMM_SKINNY_M"]
-SKINNY_MAX_N = SHAPES["MK_GEMM_SKINNY_MAX_N"]
-# band widths, narrowest first: whole n8 MMA tiles up to SKINNY_MAX_N
-SKINNY_WIDTHS = tuple(8 << i for i in range(SKINNY_MAX_N.bit_length()) if 8 << i <= SKINNY_MAX_N)
+STREAM_M = SHAPES["MK_STREAM_M"]
+STREAM_TILE_M = SHAPES["MK_STREAM_TILE_M"]
+BOX_COLS = SHAPES["MK_STREAM_BOX_COLS"]
+BOX_ROWS = SHAPES["MK_STREAM_BOX_ROWS"]
+STREAM_PAGES = SHAPES["MK_STREAM_PAGES"]
+# the weight ring of a program of streamed GEMMs on the usual 13 pages (scheduler.stream_pages)
+RING_BOXES = min(13 - STREAM_PAGES, SHAPES["MK_STREAM_MAX_RING"])
 
 MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
 MIN_SPLIT_K = 128        # and at least this much K per partial
@@ -81,18 +84,24 @@ def epilogue_flags(op) -> int:
     return _epilogue.flags(op.attrs)
 
 
-def skinny_cols(m: int, n: int, dtype: str, n_sm: int) -> int | None:
-    """Column band width of a skinny bf16 GEMM on `n_sm` SMs, or None for the tiled lowering.
+def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
+                 n_sm: int) -> tuple[int, int] | None:
+    """(parts, k per part) of a streamed GEMM on `n_sm` SMs, or None for the tiled lowering.
 
-    The narrowest band whose instructions fit on the SMs at once (one band per SM, and the
-    fewest weight bytes per SM); the widest if even that gives more bands than SMs. fp32 and
-    M > SKINNY_M keep 128 x 128 tiles (and split-K where they are few)."""
-    if dtype != "bfloat16" or m > SKINNY_M:
+    Streamed: bf16, at most STREAM_M rows, B a graph input (the streamer fetches it before
+    any dependency is met). Each band of BOX_COLS columns (and STREAM_TILE_M rows) splits its
+    k-rows, in whole boxes, into equal parts: as few as keep one part's boxes within the ring
+    (RING_BOXES: the streamer then has all of it in flight before the part's activation is
+    ready, and every part past the first costs a combine on the layer's critical path), but
+    as many as the SMs allow when a band's boxes are more (bands x row bands x parts <= n_sm:
+    every SM streams a share)."""
+    if dtype != "bfloat16" or m > STREAM_M or not b_is_input:
         return None
-    for width in SKINNY_WIDTHS:
-        if -(-n // width) <= n_sm:
-            return width
-    return SKINNY_WIDTHS[-1]
+    bands, boxes = -(-n // BOX_COLS), -(-k // BOX_ROWS)
+    row_bands = -(-m // STREAM_TILE_M)
+    parts = max(1, min(-(-boxes // RING_BOXES), n_sm // (bands * row_bands)))
+    per = -(-boxes // parts)
+    return -(-boxes // per), per * BOX_ROWS
 
 
 def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
@@ -121,12 +130,19 @@ class Gemm(OpDef):
     build = staticmethod(gemm)
 
     def expand(self, unit: Unit, ctx) -> list[Unit]:
-        if unit.attrs.get("split") or unit.attrs.get("skinny"):
+        if unit.attrs.get("split") or unit.attrs.get("stream"):
             return [unit]
         a, b = unit.inputs[:2]
-        band = skinny_cols(a.rows, b.cols, a.dtype, ctx.n_sm)
-        if band:
-            return [unit.with_(attrs=dict(unit.attrs, skinny=band))]
+        stream = stream_split(a.rows, a.cols, b.cols, a.dtype,
+                              getattr(b, "producer", -1) is None, ctx.n_sm)
+        if stream:
+            parts, chunk = stream
+            inputs = unit.inputs
+            if parts > 1:   # part p's partial rows at p * STREAM_M (the last part sums them)
+                inputs += (ctx.new_tensor((parts * STREAM_M, b.cols), "float32",
+                                          f"t{unit.output.index}_stream_partials"),)
+            return [unit.with_(inputs=inputs,
+                               attrs=dict(unit.attrs, stream=parts, chunk=chunk))]
         splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm)
         if splits == 1:
             return [unit]
@@ -141,23 +157,22 @@ class Gemm(OpDef):
     def count(self, unit: Unit) -> int:
         a, b = unit.inputs[:2]
         m, n = a.rows, b.cols
-        band = unit.attrs.get("skinny")
-        if band:
-            return -(-n // band)
+        if unit.attrs.get("stream"):
+            return unit.attrs["stream"] * -(-n // BOX_COLS) * -(-m // STREAM_TILE_M)
         return unit.attrs.get("split", 1) * -(-m // TILE_M) * -(-n // TILE_N)
 
     def lower(self, unit) -> Lowered:
-        """One instruction per output tile over the whole K: 128 x 128 tiles, or for a skinny
-        bf16 GEMM (attrs["skinny"] = band width) one band of all M rows by that many columns
-        (memory-bound: the cost is the band of b plus a, each read once)."""
+        """One instruction per 128 x 128 output tile over the whole K (or _lower_split,
+        _lower_stream)."""
         if unit.attrs.get("split"):
             return self._lower_split(unit)
+        if unit.attrs.get("stream"):
+            return self._lower_stream(unit)
         a, b = unit.inputs[:2]
         m, k = a.shape
         n = b.cols
-        band = unit.attrs.get("skinny")
-        row_edges = edges(m, m) if band else edges(m, TILE_M)
-        col_edges = edges(n, band if band else TILE_N)
+        row_edges = edges(m, TILE_M)
+        col_edges = edges(n, TILE_N)
         r0, tm, c0, tn = grid(row_edges, col_edges)
         zeros = np.zeros(len(r0), dtype=np.int64)
         full_k = np.full(len(r0), k, dtype=np.int64)
@@ -211,22 +226,90 @@ class Gemm(OpDef):
                        extra={"row0": m0, "out_row0": p0, "k0": k0, "klen": kl},
                        operands=[abi.ARG_A, abi.ARG_B], flags=0)
 
+    def _lower_stream(self, unit) -> Lowered:
+        """A streamed GEMM: instruction (p, r, b) multiplies k range p (whole boxes, the last
+        one short at K's end) of column band b (BOX_COLS columns) for row band r (STREAM_TILE_M
+        rows). The grid's rows are parts x row bands over a virtual parts*M rows, so a column
+        counter of the grid counts every instruction of a band: the consumers wait per band or
+        for the op (wait_levels), never for one part, which may not be the last. The parts of
+        a (row band, column band) share a combine counter (the scheduler allocates them)."""
+        a, b = unit.inputs[:2]
+        m, k = a.shape
+        n = b.cols
+        parts, chunk = unit.attrs["stream"], unit.attrs["chunk"]
+        in_part = edges(m, STREAM_TILE_M)[:-1]
+        halves = len(in_part)
+        row_edges = np.append((np.arange(parts)[:, None] * m + in_part[None, :]).ravel(),
+                              parts * m)
+        col_edges = edges(n, BOX_COLS)
+        p0, tm, c0, tn = grid(row_edges, col_edges)
+        part = p0 // m
+        r0 = p0 - part * m
+        k0 = part * chunk
+        kl = np.minimum(chunk, k - k0)
+        zeros = np.zeros(len(p0), dtype=np.int64)
+        reads = [Region(r0, r0 + tm, k0, k0 + kl), Region(k0, k0 + kl, c0, c0 + tn)]
+        operands = [abi.ARG_A, abi.ARG_B]
+        if unit.attrs.get("bias"):
+            reads.append(Region(zeros, zeros + 1, c0, c0 + tn))
+            operands.append(abi.ARG_BIAS)
+        if unit.attrs.get("residual"):
+            reads.append(Region(r0, r0 + tm, c0, c0 + tn))
+            operands.append(abi.ARG_RESIDUAL)
+        if parts > 1:   # the partials tensor: written and read by the parts themselves
+            reads.append(Region(part * STREAM_M + r0, part * STREAM_M + r0 + tm, c0, c0 + tn))
+            operands.append(abi.ARG_SPARE)
+        n_bands = len(col_edges) - 1
+        tile = np.arange(len(p0))
+        group = ((tile // n_bands) % halves) * n_bands + tile % n_bands
+        size = ITEMSIZE[a.dtype]
+        out_size = ITEMSIZE[unit.output.dtype]
+        flops = 2.0 * tm * tn * kl
+        nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
+        total_bytes = (size * (m * k + k * n) + out_size * m * n
+                       + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
+        return Lowered(self.opcode, STREAM_PAGES, row_edges, col_edges, reads,
+                       cost_ns(flops, nbytes, tensor_cores=True),
+                       flops=float(flops.sum()), bytes=float(total_bytes),
+                       extra={"row0": r0, "k0": k0, "klen": kl,
+                              "param": (parts << 16) | part},
+                       operands=operands, flags=_epilogue.flags(unit.attrs) | abi.FLAG_STREAM,
+                       wait_levels=("col", "op"),
+                       combine=group if parts > 1 else None)
+
     # -- pages ------------------------------------------------------------------------------
     def page_plan(self, rec, dtype_a: str) -> PagePlan:
-        if (dtype_a == "bfloat16" and 1 <= int(rec["rows"]) <= SKINNY_M
-                and 1 <= int(rec["cols"]) <= SKINNY_MAX_N):
-            return _skinny_plan(rec)
+        if int(rec["flags"]) & abi.FLAG_STREAM:
+            return _stream_plan(rec)
         return _tile_plan(rec, dtype_a)
 
     # -- simulator --------------------------------------------------------------------------
     def check_record(self, rec) -> bool:
         r0, c0, rn, cn = region(rec)
+        if int(rec["flags"]) & abi.FLAG_STREAM:
+            parts, part = int(rec["param"]) >> 16, int(rec["param"]) & 0xFFFF
+            return (min(r0, c0, int(rec["k0"])) >= 0 and 1 <= rn <= STREAM_TILE_M
+                    and 1 <= cn <= BOX_COLS and int(rec["klen"]) >= 1 and part < parts
+                    and int(rec["pages"]) >= STREAM_PAGES and _epilogue.act_code_ok(rec))
         return (min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]), int(rec["klen"])) >= 0
                 and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))
 
-    def simulate(self, rec, tensors):
+    def min_pages(self, rec) -> int:
+        return STREAM_PAGES if int(rec["flags"]) & abi.FLAG_STREAM else self.pages
+
+    def written(self, rec) -> tuple[int, int, int, int]:
+        r0, c0 = int(rec["row0"]), int(rec["col0"])
+        if not int(rec["flags"]) & abi.FLAG_STREAM:
+            r0 = int(rec["out_row0"])
+        return r0, r0 + int(rec["rows"]), c0, c0 + int(rec["cols"])
+
+    uses_counters = True   # a streamed GEMM's parts meet on a combine counter
+
+    def simulate(self, rec, tensors, counters=None, epoch=0):
         """Run one GEMM tile as the device does: fp32 accumulation of the (exact) fp32 or
-        bf16 operand values, the epilogue in fp32, one rounding to the output's dtype."""
+        bf16 operand values, the epilogue in fp32, one rounding to the output's dtype. A
+        streamed part stores its partial and adds to its band's combine counter; the part
+        that completes it sums every part's rows in part order and runs the epilogue."""
         t = rec["tensor"]
         a, b = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]]
         r0, c0, rn, cn = region(rec)
@@ -234,6 +317,23 @@ class Gemm(OpDef):
         f32 = np.float32
         v = a[r0:r0 + rn, k0:k0 + kl].astype(f32) @ b[k0:k0 + kl, c0:c0 + cn].astype(f32)
         reads = [(abi.ARG_A, r0, r0 + rn, k0, k0 + kl), (abi.ARG_B, k0, k0 + kl, c0, c0 + cn)]
+        stream = int(rec["flags"]) & abi.FLAG_STREAM
+        parts, part = int(rec["param"]) >> 16, int(rec["param"]) & 0xFFFF
+        if stream and parts > 1:
+            scratch = tensors[t[abi.ARG_SPARE]]
+            at = part * STREAM_M + r0
+            scratch[at:at + rn, c0:c0 + cn] = v
+            c = int(rec["out_row0"])
+            old = int(counters[c])
+            counters[c] = (old + 1) & 0xFFFFFFFF
+            if (old + 1) & 0xFFFFFFFF != ((epoch + 1) * parts) & 0xFFFFFFFF:
+                return tuple(reads)
+            v = np.zeros((rn, cn), dtype=f32)
+            for p in range(parts):
+                v = v + scratch[p * STREAM_M + r0:p * STREAM_M + r0 + rn, c0:c0 + cn]
+        if stream:
+            rec = rec.copy()
+            rec["out_row0"] = r0   # the counter's field: the output rows start at row0
         return tuple(reads) + _epilogue.simulate(v, rec, tensors)
 
     # -- reference --------------------------------------------------------------------------
@@ -263,7 +363,7 @@ def reference(a: np.ndarray, b: np.ndarray, bias=None, act=None, residual=None) 
     return v
 
 
-# -- page plans (device: gemm.cuh, gemm_bf16.cuh, gemm_bf16_skinny.cuh) ----------------------
+# -- page plans (device: gemm.cuh, gemm_bf16.cuh, gemm_stream.cuh) ----------------------------
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
@@ -276,24 +376,12 @@ def _bf16_vec(*offsets: int) -> bool:
     return all(o % TENSOR_ALIGN_ELEMS["bfloat16"] == 0 for o in offsets)
 
 
-def _skinny_plan(rec) -> PagePlan:
-    cols, klen = int(rec["cols"]), int(rec["klen"])
-    planes = 1 if cols <= 8 else (2 if cols <= 16 else 4)
-    n = 0
-    if _bf16_vec(int(rec["col0"])):
-        n = min(SHAPES["MK_SKINNY_AHEAD"],
-                _ceil_div(max(klen, 0), SHAPES["MK_SKINNY_STAGE_K"] // planes))
-    stages = tuple(range(n))
-    # k loop on the 4-page ring, then pages 2 and 3 go; the 8 warps' partials are summed from
-    # page 1 into the staging rows in page 0, then page 1 goes; the epilogue reads page 0
-    phases = (((0, 1, 2, 3), (2, 3)), ((0, 1), (1,)), ((0,), (0,)))
-    # only B is staged (A goes from global memory to registers): with B a graph input the
-    # loader fills its stages before the wait, and has nothing to do after it
-    if not int(rec["flags"]) & abi.FLAG_B_READY:
-        return PagePlan(preload_late=stages, phases=phases)
-    k0, c0 = int(rec["k0"]), int(rec["col0"])
-    b_band = ((abi.ARG_B, k0, k0 + klen, c0, c0 + cols),)
-    return PagePlan(preload_early=stages, phases=phases, early_reads=b_band if stages else ())
+def _stream_plan(rec) -> PagePlan:
+    # pages 0-1 hold A's ring during the k loop and page 2 B's box where the ring cannot
+    # deliver it; then the 8 warps' partials in 1-2 summed into the staging rows in 0 (1-2
+    # go), the combine and the epilogue on 0. B is never preloaded: the streamer delivers it
+    # into the ring, outside the op's pages
+    return PagePlan(phases=(((0, 1, 2), ()), ((0, 1, 2), (1, 2)), ((0,), (0,))))
 
 
 def _tile_plan(rec, dtype_a: str) -> PagePlan:

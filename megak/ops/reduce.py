@@ -36,7 +36,7 @@ class Reduce(OpDef):
         row_edges, col_edges = edges(rows, TILE_ROWS), edges(cols, TILE_COLS)
         r0, rn, c0, cn = grid(row_edges, col_edges)
         # the partials of rows r0..r0+rn in every split: one bounding box (exact when M fits
-        # one tile, as in the skinny GEMMs that get split)
+        # one tile, as in the few-row GEMMs that get split)
         reads = [Region(r0, (splits - 1) * m + r0 + rn, c0, c0 + cn)]
         operands = [abi.ARG_A]
         if unit.attrs.get("bias"):

@@ -44,6 +44,9 @@ class Bench:
             idx = np.nonzero(ops == op)[0]
             need = int(self._op_instrs["pages"][idx].max())
             self._op_ranges.append((int(op), int(idx[0]), len(idx), need))
+        parts = self._op_instrs["param"].astype(np.int64) >> 16
+        combining = (self._op_instrs["flags"] & abi.FLAG_STREAM).astype(bool) & (parts > 1)
+        self._combining_ops = set(np.unique(ops[combining]).astype(int).tolist())
         self._op_kernel = None
         self._graph_exec = None
 
@@ -156,7 +159,12 @@ class Bench:
 
     def _launch_ops(self, i=None) -> None:
         from cuda.core import launch
+        counters = self.ex._dev_buf["counters"]
         for (op, first, count, need), cfg in zip(self._op_ranges, self._op_configs):
+            if op in self._combining_ops:
+                # the parts of a streamed band meet on a counter that starts from zero in
+                # every launch here (epoch 0: no run state between separate launches)
+                mem.memset32(counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
             launch(self._stream, cfg, self._op_kernel, self._op_params.ptr, np.uint32(first))
 
     def _capture_graph(self):

@@ -5,7 +5,8 @@ Set up once (``__init__``)::
     device 0 current -> compile (cubin for the device's exact arch, cached) -> load
     -> checks that need the loaded kernel (static smem, opt-in, pages, occupancy, SM count)
     -> buffers: one per tensor slot (rows x ld, ld padded to MK_TENSOR_ALIGN_BYTES),
-       tensor table, queues, counters, status, sm_state, params
+       tensor table (followed by the weight stream's tensor maps: tensor_maps.py), queues,
+       counters, status, sm_state, params
     -> tensor table + queues uploaded once through pinned staging on the executor's stream
 
 Each ``launch`` enqueues on the caller's stream (``stream``; the executor's own by default)::
@@ -41,6 +42,7 @@ from .. import abi, dtypes, pages
 from ..errors import GraphError, MegakernelError, MegakernelHang, raise_for_status
 from ..plan import Plan, TensorSlot
 from . import memory as mem
+from . import tensor_maps
 from .driver import CudaError, _bindings, check, device_info, require_gpu
 from .invocation import HostView
 
@@ -119,6 +121,9 @@ def validate_plan(plan: Plan) -> None:
             raise GraphError(f"tensor {t.name!r}: shape {t.shape} out of range")
     if plan.n_counters < 0:
         raise GraphError(f"plan.n_counters must be >= 0, got {plan.n_counters}")
+    if not 0 <= plan.stream_pages <= plan.n_pages:
+        raise GraphError(f"plan.stream_pages = {plan.stream_pages} must be in 0 .. "
+                         f"plan.n_pages = {plan.n_pages}")
 
 
 MAX_BINDINGS = 64   # tensor tables kept on the device, one per distinct set of caller tensors
@@ -366,10 +371,17 @@ class CudaExecutor:
         tensor_bytes = sum(n for _, _, n in layout)
         n_tensors = (max(t.slot for t in plan.tensors) + 1) if plan.tensors else 0
         self._n_tensors = n_tensors
+        # a tensor table is its entries, then the weight stream's maps and ready flags
+        # (tensor_maps.py); tables side by side stay 128-B aligned, as the maps must be
+        self._table_bytes = round_up(max(abi.table_bytes(n_tensors), abi.TENSOR_DTYPE.itemsize),
+                                     abi.TMAP_BYTES)
+        # the slots whose maps every table carries; reload_queues() keeps this set, so a
+        # streamed B added later has ready 0 and the device loads it itself
+        self._stream_slots = frozenset(tensor_maps.stream_slots(plan.instrs))
         control = [
             ("instrs", max(len(plan.instrs), 1) * abi.INSTR_BYTES),
             ("queue_start", (plan.n_sm + 1) * 4),
-            ("tensors", max(n_tensors, 1) * abi.TENSOR_DTYPE.itemsize),
+            ("tensors", self._table_bytes),
             ("counters", max(plan.n_counters, 1) * 4),
             ("status", abi.STATUS_DTYPE.itemsize),
             ("sm_state", plan.n_sm * abi.SM_STATE_DTYPE.itemsize),
@@ -397,7 +409,6 @@ class CudaExecutor:
         self._abort_word.array(np.uint32, (1,))[0] = 1
         # the bindings' tensor tables: device slots and their pinned sources, all up front
         # (nothing may be allocated while a CUDA graph is being captured)
-        self._table_bytes = max(n_tensors, 1) * abi.TENSOR_DTYPE.itemsize
         self._binding_dev = m.device(MAX_BINDINGS * self._table_bytes, "binding tables")
         self._binding_host = m.pinned(MAX_BINDINGS * self._table_bytes, "binding tables (host)")
         self._free_binding_slots = list(range(MAX_BINDINGS))
@@ -405,8 +416,8 @@ class CudaExecutor:
         self._poison_src: tuple | None = None     # resident requests' poison (debug)
 
     def _upload_tables(self) -> None:
-        """Tensor table, queues, params and a zero run state, once; then wait, so the staging
-        can be reused or freed."""
+        """Tensor table (with the tensor maps of the stream slots, encoded here once), queues,
+        params and a zero run state, once; then wait, so the staging can be reused or freed."""
         table = np.zeros(max(self._n_tensors, 1), dtype=abi.TENSOR_DTYPE)
         for slot, tb in self._tensors.items():
             table[slot]["ptr"] = tb.buf.ptr
@@ -414,10 +425,13 @@ class CudaExecutor:
             table[slot]["cols"] = tb.slot.cols
             table[slot]["ld"] = tb.ld
             table[slot]["dtype"] = dtypes.ABI_CODE[tb.slot.dtype]
-        self._table_default = table
-        self._table_host_buf = self._memory.pinned(table.nbytes, "tensor table (host)")
-        self._table_host_buf.array(abi.TENSOR_DTYPE, table.shape)[:] = table
-        mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, table.nbytes, self._h)
+        image = np.zeros(self._table_bytes, dtype=np.uint8)
+        tensor_maps.fill_table(image, self._n_tensors, table, sorted(self._stream_slots))
+        self._table_image = image     # a binding's table starts from it (same maps elsewhere)
+        self._table_host_buf = self._memory.pinned(self._table_bytes, "tensor table (host)")
+        self._table_host_buf.array(np.uint8, image.shape)[:] = image
+        mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, self._table_bytes,
+                 self._h)
         self._write_queues()
         self._write_params()
         self._wait_stream("uploading the tensor table, queues and params")
@@ -482,6 +496,7 @@ class CudaExecutor:
         p["host_sm_state"] = self._host_sm_buf.device_ptr
         p["max_target"] = self._max_target
         p["n_active"] = active_blocks(self.plan)
+        p["stream_pages"] = self.plan.stream_pages
         mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
 
     def _setup_launch_args(self) -> None:
@@ -863,14 +878,20 @@ class CudaExecutor:
         key = tuple(sorted((slot, arr.ptr, arr.row_stride()) for slot, arr in external.items()))
         b = self._bindings.pop(key, None)
         if b is None:
-            b = _Binding(key, self._binding_slot(h), 0)
-            b.table_ptr = self._binding_dev.ptr + b.index * self._table_bytes
-            table = self._binding_host.array(np.uint8, (MAX_BINDINGS * self._table_bytes,))[
-                b.index * self._table_bytes:(b.index + 1) * self._table_bytes].view(abi.TENSOR_DTYPE)
-            table[:] = self._table_default
+            # a new set of addresses: its maps are encoded now, once (host-only driver calls,
+            # harmless during a capture); slots not bound here keep megak's maps
+            image = self._table_image.copy()
+            table = image[:max(self._n_tensors, 1) * abi.TENSOR_DTYPE.itemsize].view(
+                abi.TENSOR_DTYPE)
             for slot, arr in external.items():
                 table[slot]["ptr"] = arr.ptr
                 table[slot]["ld"] = arr.row_stride()
+            tensor_maps.write_maps(image, self._n_tensors, table,
+                                   sorted(self._stream_slots.intersection(external)))
+            b = _Binding(key, self._binding_slot(h), 0)
+            b.table_ptr = self._binding_dev.ptr + b.index * self._table_bytes
+            self._binding_host.array(np.uint8, (MAX_BINDINGS * self._table_bytes,))[
+                b.index * self._table_bytes:(b.index + 1) * self._table_bytes] = image
         self._bindings[key] = b            # most recently used last
         if not b.uploaded:
             capturing = self._capturing(h)

@@ -89,7 +89,11 @@ def test_bf16_gemm(backend, rng, m, k, n, out_dtype):
     _, out = check_graph(prog, g, rng, f"bf16 gemm {m}x{k}x{n} -> {out_dtype}")
     assert out["c"].dtype == megak.dtypes.numpy_dtype(out_dtype)
     ins = prog.plan.instrs
-    assert (ins["pages"][ins["opcode"] == abi.OPCODE_OF["gemm"]] == gemm.PAGES_BY_DTYPE["bfloat16"]).all()
+    g_ins = ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
+    streamed = (g_ins["flags"] & abi.FLAG_STREAM) != 0   # <= 64 rows: tests/ops/test_gemm_stream.py
+    assert streamed.all() == (m <= gemm.STREAM_M)
+    assert (g_ins["pages"] == np.where(streamed, gemm.STREAM_PAGES,
+                                       gemm.PAGES_BY_DTYPE["bfloat16"])).all()
 
 
 @pytest.mark.parametrize("epi", EPILOGUES[1:], ids=lambda e: "+".join(e))

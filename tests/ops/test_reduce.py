@@ -67,8 +67,8 @@ def test_split_k_matches_float64(backend, rng, m, k, n, epi):
 
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
 def test_split_k_bf16(backend, rng, out_dtype):
-    # M = 32: bf16 GEMMs of <= 16 rows take the skinny lowering instead (test_gemm_skinny.py)
-    g = skinny(32, 2048, 384, dtype="bfloat16", bias=True, activation="relu",
+    # M = 80: bf16 GEMMs of <= 64 rows with weights are streamed instead (test_gemm_stream.py)
+    g = skinny(80, 2048, 384, dtype="bfloat16", bias=True, activation="relu",
                out_dtype=out_dtype)
     prog = megak.compile(g, backend=backend, **({"n_sm": 132} if backend == "sim" else {}))
     check_graph(prog, g, rng, f"split-K bf16 -> {out_dtype}")

@@ -34,7 +34,9 @@ def inflate(plan, pages=PAGES):
     return gemms
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# fp32 only: a bf16 chain of so few rows streams its weights (tests/ops/test_gemm_stream.py),
+# with the ring's pages outside the allocator
+@pytest.mark.parametrize("dtype", ["float32"])
 def test_instructions_wait_for_pages_and_results_hold(backend, rng, dtype):
     g = short_tile_chain(dtype)
     opts = {"n_sm": 2} if backend == "sim" else {"n_sm": 2, "debug": True}

@@ -7,7 +7,8 @@
  *   RESIDUAL (M x N, with MK_FLAG_RESIDUAL); activation in the flags (gemm_epilogue.cuh).
  *   A and B are both fp32 (this file, FMA pipes) or both bf16 (gemm_bf16.cuh, tensor cores);
  *   bias, residual and out are each fp32 or bf16. Four pages either way
- *   (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES).
+ *   (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES). With MK_FLAG_STREAM: a bf16 GEMM of <= 64 rows whose
+ *   B is streamed by the weight ring (gemm_stream.cuh, MK_STREAM_PAGES pages).
  *
  * Every slot of MK_GEMM_OPERANDS, bias and residual included, must name a valid tensor (the
  * interpreter prefetches and range-checks all of them); unused ones are ignored (slot 0 is fine).
@@ -51,7 +52,7 @@
 #include "../epilogue.cuh"
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
-#include "gemm_bf16_skinny.cuh"
+#include "gemm_stream.cuh"
 
 /* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128, MK_GEMM_BK = 32 and
  * MK_GEMM_OPERANDS come from instr.h. */
@@ -68,6 +69,8 @@ static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or 
 
 __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
+    if (in.flags & MK_FLAG_STREAM)
+        return mk_gemm_stream_check(in);
     return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.k0 >= 0 && in.rows >= 0 &&
            in.cols >= 0 && in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
            mk_epilogue_check(in);
@@ -78,6 +81,18 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
 {
     if (op[MK_ARG_B].dtype != op[MK_ARG_A].dtype)
         return false;
+    if (in.flags & MK_FLAG_STREAM) {
+        /* out_row0 is the band's combine counter; parts' rows in the partials tensor */
+        const mk_u32 parts = mk_stream_parts(in);
+        return op[MK_ARG_A].dtype == MK_DTYPE_BF16 && mk_epilogue_operands_ok_at(in, op, in.row0) &&
+               mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
+               mk_tensor_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols) &&
+               (parts <= 1 || (op[MK_ARG_SPARE].dtype == MK_DTYPE_F32 &&
+                               mk_tensor_region_ok(op[MK_ARG_SPARE], 0,
+                                                   (parts - 1) * (mk_u32)MK_STREAM_M +
+                                                       (mk_u32)in.row0 + (mk_u32)in.rows,
+                                                   in.col0, in.cols)));
+    }
     return mk_epilogue_operands_ok(in, op) &&
            mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
            mk_tensor_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
@@ -240,13 +255,27 @@ __device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* o
     mk_gemm_bf16_run(in, op, pages);
 }
 
+/* Its own function, like the other GEMM bodies, with their parameter list (another list cost
+ * the separate-launch entry a stack frame): `stream` is the first stage position, with bit 31
+ * set when the streamer delivers the stages (mk_pages.stream_stages > 0). */
+__device__ __noinline__ void mk_gemm_stream(const mk_instr& in, const mk_tensor* op,
+                                            unsigned char* page_base, const mk_u8* page_idx,
+                                            mk_u32 stream, mk_u32* released)
+{
+    const mk_pages pages = {page_base, page_idx, 0u, released, &mk_ctl().free_pages,
+                            stream & 0x7fffffffu, stream >> 31};
+    mk_gemm_stream_run(in, op, pages);
+}
+
 __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor* op,
                                             const mk_pages& pages)
 {
     if (in.rows <= 0 || in.cols <= 0)
         return;
-    if (op[MK_ARG_A].dtype == MK_DTYPE_BF16 && mk_gemm_is_skinny(in))
-        mk_gemm_skinny(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+    if (in.flags & MK_FLAG_STREAM)
+        mk_gemm_stream(in, op, pages.base, pages.idx,
+                       pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),
+                       pages.released);
     else if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
         mk_gemm_bf16(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
     else
@@ -257,20 +286,16 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
  * the fp32 path transposes A on its way into shared memory, through registers. */
 __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
-    if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16)
-        return 0;
-    if (mk_gemm_is_skinny(in))
-        return mk_gemm_bf16_skinny_preload_stages(in, op);
+    if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16 ||
+        (in.flags & MK_FLAG_STREAM))
+        return 0;   /* a streamed GEMM's B comes through the ring, A into registers */
     return mk_gemm_bf16_preload_stages(in, op);
 }
 
 __device__ __forceinline__ void mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
                                                 const mk_pages& pages, mk_u32 lane, mk_u32 parts)
 {
-    if (mk_gemm_is_skinny(in))
-        mk_gemm_bf16_skinny_preload(in, op, pages, lane, parts);
-    else
-        mk_gemm_bf16_preload(in, op, pages, lane, parts);
+    mk_gemm_bf16_preload(in, op, pages, lane, parts);
 }
 
 #endif /* MEGAK_OP_GEMM_CUH */

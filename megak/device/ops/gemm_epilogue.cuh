@@ -68,9 +68,10 @@ __device__ __forceinline__ int mk_gemm_pages_kept(int rows)
 }
 
 /* All threads, after the staging tile is complete and a barrier: the tile's rows x cols
- * outputs with the epilogue of in.flags. No barrier inside (threads may leave early). */
-__device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_tensor* op,
-                                                 const mk_pages& pages)
+ * outputs with the epilogue of in.flags, region row i into output row out_row0 + i. No
+ * barrier inside (threads may leave early). */
+__device__ __forceinline__ void mk_gemm_epilogue_at(const mk_instr& in, const mk_tensor* op,
+                                                    const mk_pages& pages, int out_row0)
 {
     const mk_tensor& TO = op[MK_ARG_OUT];
     const mk_tensor& TB = op[MK_ARG_BIAS];
@@ -87,7 +88,7 @@ __device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_te
 
     /* region row i lands in output row out_row0 + i (split-K partials: their split's rows);
      * the residual stays at the logical row0 + i */
-    const mk_u64 o_base = (mk_u64)in.out_row0 * TO.ld + in.col0;
+    const mk_u64 o_base = (mk_u64)out_row0 * TO.ld + in.col0;
     const bool o_vec = mk_vec4_ok(TO, o_base);
     mk_u64 r_base = 0;
     bool r_vec = false;
@@ -124,6 +125,12 @@ __device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_te
             }
         }
     }
+}
+
+__device__ __forceinline__ void mk_gemm_epilogue(const mk_instr& in, const mk_tensor* op,
+                                                 const mk_pages& pages)
+{
+    mk_gemm_epilogue_at(in, op, pages, in.out_row0);
 }
 
 #endif /* MEGAK_OP_GEMM_EPILOGUE_CUH */

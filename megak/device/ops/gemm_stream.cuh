@@ -1,0 +1,422 @@
+/* MK_OP_GEMM with MK_FLAG_STREAM: a bf16 GEMM of at most MK_STREAM_M (64) rows whose B is a
+ * graph input (weights): B arrives through the block's weight ring (stream.cuh), A from L2
+ * into registers, fp32 accumulate, the epilogue of gemm_epilogue.cuh.
+ *
+ * What it is for: a layer at batch 1..64. Its bytes are B's (M flops per byte: the tensor
+ * cores idle, HBM is the limit), so the lowering (megak/ops/gemm.py) cuts B into boxes of
+ * 64 columns x 128 k-rows, gives every column band `parts` instructions over equal k ranges
+ * (one per SM of a layer: every SM streams an equal share), and the last of a band's parts to
+ * finish sums the fp32 partials in part order and runs the epilogue. The streamer keeps the
+ * next instructions' boxes coming while this one waits for its activation.
+ *
+ *   stage s = one box: k-rows [k0 + 128 s, k0 + 128 s + 128) x columns [col0, col0 + 64) of B,
+ *   one page, as the TMA's 128-B swizzle lays it out: k-row r at byte 128 r, its 16-B chunk c
+ *   (columns 8c .. 8c + 7) at chunk c ^ (r & 7)
+ *
+ * Warps: warp w takes k16 step w of every stage (k-rows 16 w .. 16 w + 15 of the box), all 8
+ * n8 tiles, both m16 tiles (rows <= MK_STREAM_TILE_M = 32; a GEMM of up to 64 rows has two
+ * row bands, each streaming B): 2 x 8 x 4 fp32 accumulators per thread, summed over the 8
+ * warps at the end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
+ *
+ * Page plan (megak/ops/gemm.py says the same), positions in the op's page table; three pages,
+ * so that a block of 13 keeps 10 for the ring:
+ *   k loop    B in the ring (not the op's pages), A's ring in pages 0-1; without the ring (no
+ *             tensor map for B, or the separate-launch entry) the compute warps copy each box
+ *             into page 2 themselves
+ *   reduction per m16 tile: the 8 warps' partials in pages 1-2, their sum into the staging
+ *             rows (page 0); then pages 1 and 2 go
+ *   combine   (parts > 1) the staging rows to the partials tensor, the band's counter; the
+ *             last part sums every part's rows into the staging rows
+ *   epilogue  page 0 (the last part, or the only one); the interpreter frees it
+ *
+ * Why:
+ *  - a warp per k16 step: each warp reads a different 4 KiB of every page (ldmatrix.trans
+ *    through the swizzle: the 8 row addresses of a phase fall in 8 different bank groups) and
+ *    a different slice of A, so A is read once per SM and the box once;
+ *  - A (the previous layer's output, in L2) is requested up to 4 stages ahead into a ring of
+ *    registers (mk_stream_ahead): an L2 read under the whole GPU's streaming takes ~1-2 us, several
+ *    stages' time;
+ *  - k ranges are whole boxes except at K's end, where the copy fills zeros: no stage mixes
+ *    two parts' k-rows, and A past K is zero in registers (0 x a finite weight); columns past
+ *    N arrive as zeros too;
+ *  - the combine: every part stores its partial (weak stores), the compute barrier, then
+ *    thread 0: fence, atomic add on the band's counter (out_row0); the part that brings it to
+ *    (epoch + 1) * parts is the last (counters advance per run, like the dependency counters,
+ *    and are zeroed with them). It fences (acquire) before anyone reads the others' partials
+ *    (L2 loads). The sum runs in part order whichever part is last, so results are identical
+ *    from run to run. The consumers wait for every part's signal, so they see the last's
+ *    output;
+ *  - a ring wait has a deadline (the streamer may have stopped): past it the op records
+ *    MK_ERR_TIMEOUT (ctl.stream_error), raises ring_stop and skips its remaining waits; every
+ *    warp still passes every barrier, and the interpreter stops the block after the op.
+ */
+#ifndef MEGAK_OP_GEMM_STREAM_CUH
+#define MEGAK_OP_GEMM_STREAM_CUH
+
+#include "../instr.h"
+#include "../sync.cuh"
+#include "../pages.cuh"
+#include "../stream.cuh"
+#include "../tensor.cuh"
+#include "gemm_epilogue.cuh"
+#include "gemm_bf16.cuh"
+
+enum {
+    MK_STREAM_WARPS = MK_THREADS / 32,
+    MK_STREAM_PART_LD = 64,      /* floats per row of a warp's partial (64 columns) */
+    MK_STREAM_PART_FLOATS = 16 * MK_STREAM_PART_LD   /* one m16 tile of one warp: 4 KiB */
+};
+static_assert(MK_STREAM_WARPS * 16 == MK_STREAM_BOX_ROWS, "a warp per k16 step of a box");
+static_assert(MK_STREAM_WARPS * MK_STREAM_PART_FLOATS * 4 == 2 * MK_PAGE_BYTES,
+              "the 8 warps' partials of one m16 tile fill pages 1 and 2");
+static_assert(MK_STREAM_TILE_M == 32 && MK_STREAM_PAGES == 3,
+              "staging rows 0-31 in page 0, box page 2");
+static_assert(MK_STREAM_BOX_COLS == 64, "8 n8 tiles per box");
+
+__device__ __forceinline__ mk_u32 mk_stream_parts(const mk_instr& in) { return in.param >> 16; }
+__device__ __forceinline__ mk_u32 mk_stream_part(const mk_instr& in) { return in.param & 0xffffu; }
+
+__device__ __forceinline__ bool mk_gemm_stream_check(const mk_instr& in)
+{
+    const mk_u32 parts = mk_stream_parts(in);
+    return in.rows >= 1 && in.rows <= MK_STREAM_TILE_M && in.cols >= 1 &&
+           in.cols <= MK_STREAM_BOX_COLS && in.klen >= 1 && in.k0 >= 0 && in.row0 >= 0 &&
+           in.col0 >= 0 && parts >= 1 && mk_stream_part(in) < parts &&
+           in.pages >= MK_STREAM_PAGES && mk_epilogue_check(in);
+}
+
+/* Stages the streamer delivers for record `in` of this program: the streamer (reading the
+ * record from global memory) and the loader (its copy in the slot) call this on the same
+ * bytes, so both count the same positions. 0: not streamed (the op loads B itself). The
+ * checks make the copy safe whatever the record says: a tensor map the host encoded, a page
+ * of the ring. */
+__device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, const mk_params& p)
+{
+    if (in.opcode != MK_OP_GEMM || !(in.flags & MK_FLAG_STREAM) || p.stream_pages == 0 ||
+        !mk_gemm_stream_check(in) || in.tensor[MK_ARG_B] >= p.n_tensors)
+        return 0;
+    if (mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]) != 1u)
+        return 0;
+    return ((mk_u32)in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
+}
+
+/* A, per warp and stage: its k16 slice of every row, 2 chunks of 16 B per row, in a ring that
+ * fills pages 0-1 (nothing else lives there during the k loop): with P = 1 or 2 m16 tiles of
+ * room (rows <= 16, 32), a warp's slot is 512 P bytes, a stage's 8 slots 4 KiB P, and the
+ * ring D = 8 / P stages deep. Stage t's slot of warp w at byte (t % D) 4 KiB P + w 512 P of
+ * pages 0-1; row r's chunk c at 32 r + 16 (c ^ ((r >> 2) & 1)), so the 8 row addresses of an
+ * ldmatrix phase fall in 8 different bank groups. Deep because every SM of a layer reads the
+ * same A lines from L2 at once; the traced runs (benchmarks/ANALYSIS.md) show the k loop
+ * bound by the ring's refill rather than by A at these depths. */
+enum {
+    MK_STREAM_A_BYTES = 2 * MK_PAGE_BYTES,   /* pages 0-1 */
+    MK_STREAM_A_MAX_DEPTH = MK_STREAM_A_BYTES / (MK_STREAM_WARPS * 16 * 32)
+};
+static_assert(MK_STREAM_A_MAX_DEPTH == 8, "8 stages of one m16 tile fill pages 0-1");
+
+__device__ __forceinline__ mk_u32 mk_stream_a_at(mk_u32 slot, int r, int c)
+{
+    return slot + 32u * r + ((mk_u32)(c ^ ((r >> 2) & 1)) << 4);
+}
+
+/* This warp's A slice of stage t into `slot`: rows [0, 16 mts), k [kk, kk + 16) relative to the
+ * tile origin ga (zeros past rows and klen). vec: cp.async (the caller commits), else
+ * synchronous scalar loads. */
+__device__ __forceinline__ void mk_stream_stage_a(mk_u32 slot, const mk_u16* ga, mk_u32 lda,
+                                                  int rows, int mts, int klen, int kk, bool vec)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+#pragma unroll 1
+    for (int i = lane; i < 32 * mts; i += 32) {
+        const int r = i >> 1, c = i & 1;
+        const int k = kk + 8 * c;
+        const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
+        const mk_u16* src = ga + (mk_u64)r * lda + k;
+        const mk_u32 dst = mk_stream_a_at(slot, r, c);
+        if (vec) {
+            mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
+        } else {
+            mk_u32 w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll 1
+            for (int j = 0; j < n; ++j)
+                w[j >> 1] |= mk_ld_u16(src + j) << (16 * (j & 1));
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                         : : "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+        }
+    }
+}
+
+/* Without the ring: all 256 compute threads copy box s into the page at shared address st,
+ * laid out as the TMA would (zeros past the tensor), then the caller's barrier. */
+__device__ __forceinline__ void mk_stream_fill_box(mk_u32 st, const mk_tensor& TB, int k_row,
+                                                   int col0)
+{
+    const mk_u16* gb = reinterpret_cast<const mk_u16*>(TB.ptr);
+    const bool vec = ((TB.ptr & 15u) == 0) && ((TB.ld & 7u) == 0) && ((col0 & 7) == 0);
+#pragma unroll 1
+    for (int i = (int)threadIdx.x; i < MK_STREAM_BOX_ROWS * 8; i += MK_THREADS) {
+        const int r = i >> 3, c = i & 7;
+        const int k = k_row + r, col = col0 + 8 * c;
+        const int nv = k < (int)TB.rows ? (int)TB.cols - col : 0;
+        mk_u32 w[4] = {0u, 0u, 0u, 0u};
+        const mk_u16* src = gb + (mk_u64)k * TB.ld + col;
+        if (vec && nv >= 8) {
+            asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(src));
+        } else {
+#pragma unroll 1
+            for (int j = 0; j < 8 && j < nv; ++j)
+                w[j >> 1] |= mk_ld_u16(src + j) << (16 * (j & 1));
+        }
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                     : : "r"(st + 128u * r + ((mk_u32)(c ^ (r & 7)) << 4)), "r"(w[0]), "r"(w[1]),
+                         "r"(w[2]), "r"(w[3]) : "memory");
+    }
+}
+
+/* Wait for ring phase `parity` of slot `slot`, all lanes of the warp; false past the deadline
+ * (timeout_ns from the first failed try) or once another warp gave up (the op then skips the
+ * stage's MMAs). */
+__device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot, mk_u32 parity)
+{
+    if (mk_ring_stopped())
+        return false;
+    if (mk_mbar_try_wait(&ctl.ring_full[slot], parity))
+        return true;
+    const mk_u64 deadline = mk_deadline(ctl.params.timeout_ns);
+    mk_u32 n = 0;
+    while (!mk_mbar_try_wait(&ctl.ring_full[slot], parity)) {
+        if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
+            if ((threadIdx.x & 31u) == 0u) {
+                atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);
+                atomicExch(&ctl.ring_stop, 1u);
+            }
+            return false;
+        }
+    }
+    return true;
+}
+
+/* cp.async groups still in flight once stage s's has landed: D - 1 (immediates only). */
+__device__ __forceinline__ void mk_stream_wait_a(int depth)
+{
+    if (depth >= 8)
+        mk_cp_async_wait_group<7>();
+    else
+        mk_cp_async_wait_group<3>();
+}
+
+/* The k loop: nst stages of B, from the ring (pages.stream_stages > 0) or copied into page 2;
+ * A through this warp's ring, D - 1 stages ahead (cp.async groups: one per stage, maybe empty,
+ * so waiting until D - 1 are in flight means "stage s landed"). One rolled loop and one body
+ * for every row count: the m16 tiles past `mts` are skipped by a uniform branch (a body per row
+ * count makes ptxas spill in every other op body). */
+__device__ __forceinline__ void mk_stream_kloop(const mk_instr& in, const mk_tensor* op,
+                                                const mk_pages& pages, float (&acc)[2][8][4],
+                                                int mts)
+{
+    mk_control& ctl = mk_ctl();
+    const int room = mts <= 1 ? 1 : 2;       /* P above */
+    const int D = MK_STREAM_A_MAX_DEPTH / room;
+    const mk_u32 slot_bytes = 512u * room, stage_bytes = 8u * slot_bytes;
+    const mk_tensor& TA = op[MK_ARG_A];
+    const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
+    const bool ring = pages.stream_stages > 0;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
+    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+    const mk_u32 b_row = 16u * warp + (lane & 7u) + ((lane >> 3) & 1u) * 8u;
+    const mk_u32 R = ring ? ctl.params.stream_pages : 1u;
+    mk_u32 slot = ring ? pages.stream_pos % R : 0u;
+    mk_u32 parity = ring ? (pages.stream_pos / R) & 1u : 0u;
+    const mk_u32 ring0 = ring ? mk_smem_addr(mk_ring_page(ctl.params, 0)) : 0u;
+    /* stage t's slot of this warp */
+    auto a_slot = [&](int t) -> mk_u32 {
+        const mk_u32 off = (mk_u32)(t & (D - 1)) * stage_bytes + (mk_u32)warp * slot_bytes;
+        return mk_smem_addr(pages[off >> 14]) + (off & (MK_PAGE_BYTES - 1));
+    };
+    /* ldmatrix row of this lane inside an m16 tile: rows l % 16, chunk l / 16 */
+    const int a_r = lane & 15, a_c = lane >> 4;
+
+#pragma unroll 1
+    for (int t = 0; t < D - 1; ++t) {
+        if (t < nst)
+            mk_stream_stage_a(a_slot(t), ga, TA.ld, in.rows, mts, in.klen,
+                              MK_STREAM_BOX_ROWS * t + 16 * warp, a_vec);
+        mk_cp_async_commit();
+    }
+#pragma unroll 1
+    for (int s = 0; s < nst; ++s) {
+        const int ahead = s + D - 1;
+        if (ahead < nst)
+            mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, mts, in.klen,
+                              MK_STREAM_BOX_ROWS * ahead + 16 * warp, a_vec);
+        mk_cp_async_commit();
+        mk_stream_wait_a(D);
+        __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */
+        mk_u32 st;
+        bool ok = true;
+        if (ring) {
+            ok = mk_stream_wait_full(ctl, slot, parity);
+            st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
+        } else {
+            st = mk_smem_addr(pages[2]);
+            mk_stream_fill_box(st, op[MK_ARG_B], in.k0 + MK_STREAM_BOX_ROWS * s, in.col0);
+            mk_compute_sync();
+        }
+        if (ok) {
+            const mk_u32 as = a_slot(s);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
+                mk_u32 b[4];
+                mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    if (mt >= mts)
+                        break;   /* uniform */
+                    mk_u32 a[4];
+                    mk_ldmatrix_x4(a, mk_stream_a_at(as, 16 * mt + a_r, a_c));
+                    mk_mma_bf16_16816(acc[mt][2 * j], a, b);
+                    mk_mma_bf16_16816(acc[mt][2 * j + 1], a, b + 2);
+                }
+            }
+        }
+        if (ring) {
+            __syncwarp();
+            if (lane == 0)
+                mk_mbar_arrive(&ctl.ring_empty[slot]);
+            if (++slot == ctl.params.stream_pages) {   /* R, re-read: a register less */
+                slot = 0;
+                parity ^= 1u;
+            }
+        } else {
+            mk_compute_sync();   /* every warp is done with page 2 before the next box */
+        }
+    }
+    mk_cp_async_wait_all();
+}
+
+/* Rows [16 mt, 16 mt + 16) of the 8 warps' accumulators -> their sum in the staging rows:
+ * through pages 1-2 (warp w's 16 x 64 partial at page 1 + w / 4, slot w % 4), pair p of row r
+ * at pair p ^ 4 (r & 7): the fragment stores and the row reads take the fewest wavefronts. */
+__device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const float (&acc)[2][8][4],
+                                                 int rows)
+{
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, q = lane & 3;
+    float* const mine = pages[1 + (warp >> 2)] + (warp & 3) * MK_STREAM_PART_FLOATS;
+    mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+        if (16 * mt >= rows)
+            break;   /* uniform */
+#pragma unroll
+        for (int n8 = 0; n8 < 8; ++n8)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = g + 8 * h;
+                const int pair = (4 * n8 + q) ^ (4 * (r & 7));
+                *reinterpret_cast<float2*>(mine + r * MK_STREAM_PART_LD + 2 * pair) =
+                    make_float2(acc[mt][n8][2 * h], acc[mt][n8][2 * h + 1]);
+            }
+        mk_compute_sync();
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = tid >> 4, pc = (tid & 15) + 16 * half;   /* pair pc = cols 2pc, 2pc+1 */
+            const int row = 16 * mt + r;
+            if (row < rows) {
+                const int off = r * MK_STREAM_PART_LD + 2 * (pc ^ (4 * (r & 7)));
+                float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+                for (int w = 0; w < MK_STREAM_WARPS; ++w) {
+                    const float2 x = *reinterpret_cast<const float2*>(
+                        pages[1 + (w >> 2)] + (w & 3) * MK_STREAM_PART_FLOATS + off);
+                    v.x += x.x;
+                    v.y += x.y;
+                }
+                *reinterpret_cast<float2*>(
+                    mk_gemm_stage_at(pages[row / MK_GEMM_STAGE_ROWS], row, pc >> 1) +
+                    2 * (pc & 1)) = v;
+            }
+        }
+        mk_compute_sync();
+    }
+}
+
+/* The combine of a band's parts (see "Why"). True when this part runs the epilogue. */
+__device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_tensor* op,
+                                                  const mk_pages& pages)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_u32 parts = mk_stream_parts(in), part = mk_stream_part(in);
+    if (parts <= 1)
+        return true;
+    const mk_tensor& TS = op[MK_ARG_SPARE];
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int rows = in.rows, nv = in.cols - 4 * (lane & 15);
+    const bool vec = ((TS.ptr & 15u) == 0) && ((TS.ld & 3u) == 0) && ((in.col0 & 3) == 0);
+    float* const gs = reinterpret_cast<float*>(TS.ptr);
+    /* rows r = 2 warp + lane / 16, + 16, ...: 16 rows per pass, a half warp per row */
+    const int r0 = 2 * warp + (lane >> 4);
+    if (nv > 0)
+        for (int r = r0; r < rows; r += 2 * MK_STREAM_WARPS) {
+            const float4 v = *reinterpret_cast<const float4*>(
+                mk_gemm_stage_at(pages[r / MK_GEMM_STAGE_ROWS], r, lane & 15));
+            mk_st_f4_edge(gs + (mk_u64)(part * (mk_u32)MK_STREAM_M + (mk_u32)in.row0 + r) * TS.ld + in.col0 + 4 * (lane & 15),
+                          v, nv, vec);
+        }
+    mk_compute_sync();
+    if (tid == 0) {
+        mk_u32* counter = reinterpret_cast<mk_u32*>(ctl.params.counters) + (mk_u32)in.out_row0;
+        __threadfence();
+        const mk_u32 old = atomicAdd(counter, 1u);
+        const bool last = old + 1u == (ctl.params.epoch + 1u) * parts;
+        if (last)
+            __threadfence();
+        ctl.stream_last = last ? 1u : 0u;
+    }
+    mk_compute_sync();
+    if (!ctl.stream_last)
+        return false;
+    if (nv > 0)
+        for (int r = r0; r < rows; r += 2 * MK_STREAM_WARPS) {
+            float* const mine = mk_gemm_stage_at(pages[r / MK_GEMM_STAGE_ROWS], r, lane & 15);
+            float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (mk_u32 p = 0; p < parts; ++p) {
+                const float4 x = p == part
+                    ? *reinterpret_cast<const float4*>(mine)
+                    : mk_ld_f4_edge(gs + (mk_u64)(p * (mk_u32)MK_STREAM_M + (mk_u32)in.row0 + r) * TS.ld + in.col0 +
+                                        4 * (lane & 15), nv, vec);
+                sum.x += x.x;
+                sum.y += x.y;
+                sum.z += x.z;
+                sum.w += x.w;
+            }
+            *reinterpret_cast<float4*>(mine) = sum;
+        }
+    mk_compute_sync();
+    return true;
+}
+
+/* All 256 compute threads. */
+__device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_tensor* op,
+                                                   const mk_pages& pages)
+{
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[mt][n][e] = 0.f;
+    mk_stream_kloop(in, op, pages, acc, (in.rows + 15) >> 4);
+    mk_trace_mark(MK_T_COMPUTED);
+    mk_stream_reduce(pages, acc, in.rows);
+    pages.release(1, 3);
+    if (mk_stream_combine(in, op, pages))
+        mk_gemm_epilogue_at(in, op, pages, in.row0);
+}
+
+#endif /* MEGAK_OP_GEMM_STREAM_CUH */

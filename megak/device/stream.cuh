@@ -1,0 +1,145 @@
+/* megak: the weight stream. Operands with no producer in the graph (weights) of the streamed
+ * GEMMs (MK_FLAG_STREAM, ops/gemm_stream.cuh) reach shared memory through a ring of pages that
+ * one lane keeps full across instruction boundaries, with TMA bulk tensor copies.
+ *
+ *   pages    the last p.stream_pages (R) pages of the block: ring slot i = page n_pages - R + i;
+ *            the allocator never hands them out (it owns pages 0 .. n_pages - R - 1)
+ *   stages   the streamed instructions of the block's queue, in queue order, each
+ *            ceil(klen / MK_STREAM_BOX_ROWS) boxes of B (64 columns x 128 k-rows = one page);
+ *            stage position pos counts them from 0 in each invocation; stage pos lives in
+ *            slot pos % R
+ *   streamer warp 10, lane 0 (mk_streamer in megakernel.cu): for each stage, waits until the
+ *            slot's previous stage was read (ring_empty), arms ring_full with the page's bytes
+ *            (expect_tx) and issues the copy (evict-first in L2: weights are read once)
+ *   loader   gives each instruction its first position and stage count (slot.stream_pos,
+ *            slot.stream_stages) from the same predicate, on the same record bytes
+ *   compute  the op waits on ring_full of each stage, reads it, and each warp arrives on
+ *            ring_empty once it is done with the page
+ *
+ * The streamer only waits for pages to come back, never for dependencies: while the compute
+ * warps wait for a layer's activation, the next layers' weights keep arriving, as far ahead as
+ * the ring holds.
+ *
+ * Ordering:
+ *   - copy -> readers: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a
+ *     thread whose try_wait sees that phase complete sees the page's bytes (mbarrier
+ *     acquire). One phase per stage: the wait's parity is (pos / R) & 1.
+ *   - readers -> next copy into the slot (write after read): each warp's reads of the page
+ *     (ldmatrix, generic proxy) are ordered before its lane 0's arrive on ring_empty[slot]
+ *     (__syncwarp, then the arrive's release); the streamer's try_wait of that phase
+ *     (acquire) happens before it issues the next copy into the page. 8 arrivals per phase.
+ *   - generic writes -> copies: a ring page may have been written by generic stores before
+ *     this invocation (another program of the resident kernel used the page through the
+ *     allocator). The streamer issues fence.proxy.async before its first copy, after the
+ *     request hand-off that ordered those stores before it.
+ *   - barrier initialisation: thread 0 initialises the ring barriers in the block's set-up
+ *     (mk_begin_invocation), then fence.mbarrier_init (the copy engine completes tx on them),
+ *     then the set-up barrier every role passes. Positions restart at 0 in each invocation, so
+ *     the resident kernel invalidates and initialises them again per request: the previous
+ *     invocation's streamer had drained (below) before the roles met.
+ *   - leaving: the streamer waits until every copy it issued has landed (the full phases of
+ *     the last min(pos, R) stages) before it joins the other roles: no copy writes shared
+ *     memory after the block has left or the barriers were reinitialised. A compute role
+ *     that stops early sets ring_stop: the streamer stops waiting for pages and drains.
+ * megak/runtime/stream_model.py states this protocol in Python and catches its misuses.
+ */
+#ifndef MEGAK_STREAM_CUH
+#define MEGAK_STREAM_CUH
+
+#include "instr.h"
+#include "sync.cuh"
+#include "pages.cuh"
+
+static_assert(MK_STREAM_BOX_COLS * MK_STREAM_BOX_ROWS * 2 == MK_PAGE_BYTES,
+              "one bf16 box of the weight stream fills one page");
+static_assert(MK_STREAM_BOX_COLS * 2 == 128, "a box row is the 128-B swizzle span");
+
+/* Byte offset of the tensor maps after a table of n tensors (instr.h, mk_tensor). */
+__device__ __forceinline__ mk_u64 mk_tmap_offset(mk_u32 n)
+{
+    const mk_u64 b = (mk_u64)n * sizeof(mk_tensor);
+    return (b + MK_TMAP_BYTES - 1) / MK_TMAP_BYTES * MK_TMAP_BYTES;
+}
+
+__device__ __forceinline__ const unsigned char* mk_tmaps(const mk_params& p)
+{
+    return reinterpret_cast<const unsigned char*>(p.tensors) + mk_tmap_offset(p.n_tensors);
+}
+
+/* ready[i]: 1 where the table carries tensor i's map. */
+__device__ __forceinline__ const mk_u32* mk_tmap_ready(const mk_params& p)
+{
+    return reinterpret_cast<const mk_u32*>(mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * p.n_tensors);
+}
+
+/* Ring slot i's page. */
+__device__ __forceinline__ unsigned char* mk_ring_page(const mk_params& p, mk_u32 slot)
+{
+    return mk_page_array(mk_smem) + (mk_u64)(p.n_pages - p.stream_pages + slot) * MK_PAGE_BYTES;
+}
+
+__device__ __forceinline__ void mk_mbar_expect_tx(mk_u64* bar, mk_u32 bytes)
+{
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+                 : : "r"(mk_smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+/* Makes mbarrier initialisations visible to the async proxy (the copy engine's complete_tx). */
+__device__ __forceinline__ void mk_fence_mbar_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" : : : "memory");
+}
+
+/* Orders this thread's earlier generic-proxy accesses of shared memory before its later
+ * async-proxy ones (bulk copies into the same bytes). */
+__device__ __forceinline__ void mk_fence_proxy_async_smem()
+{
+    asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+}
+
+/* An L2 policy for bytes read once: evict them first. */
+__device__ __forceinline__ mk_u64 mk_policy_evict_first()
+{
+    mk_u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+/* One box of the tensor `tmap` (global address of a CUtensorMap), at column c0 and row r0 of
+ * the tensor, into the page at shared address dst; its bytes complete on `bar`. Rows and
+ * columns past the tensor arrive as zeros. */
+__device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int c0, int r0,
+                                               mk_u64* bar, mk_u64 policy)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 : : "r"(dst), "l"(tmap), "r"(c0), "r"(r0), "r"(mk_smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
+/* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
+ * empty one arrival per compute warp. Thread 0, in the set-up; `was` = how many were
+ * initialised before (the resident kernel's previous request): invalidated first. */
+__device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32 now)
+{
+    for (mk_u32 i = 0; i < was; ++i) {
+        mk_mbar_inval(&ctl.ring_full[i]);
+        mk_mbar_inval(&ctl.ring_empty[i]);
+    }
+    for (mk_u32 i = 0; i < now; ++i) {
+        mk_mbar_init(&ctl.ring_full[i], 1u);
+        mk_mbar_init(&ctl.ring_empty[i], MK_THREADS / 32);
+    }
+    if (now > 0)
+        mk_fence_mbar_init();
+    ctl.ring_inited = now;
+    ctl.ring_stop = 0;
+}
+
+/* Whether ring_stop was raised (a compute role left early). */
+__device__ __forceinline__ bool mk_ring_stopped()
+{
+    return *reinterpret_cast<volatile mk_u32*>(&mk_ctl().ring_stop) != 0u;
+}
+
+#endif /* MEGAK_STREAM_CUH */

@@ -1,0 +1,312 @@
+"""The weight stream's tensor maps: the table layout from instr.h, which tensors TMA can
+describe, the table image with a fake encoder, the stream slots of a program, and the
+executor's tables on the fake driver. Only the `gpu` tests call the real driver."""
+import numpy as np
+import pytest
+
+from megak import abi
+from megak.interop import DeviceArray
+from megak.plan import Plan, TensorSlot
+from megak.runtime import tensor_maps
+from tests.runtime.test_cuda_runtime import fake_gpu  # noqa: F401  (a fixture)
+
+BF16 = abi.DTYPES["MK_DTYPE_BF16"]
+F32 = abi.DTYPES["MK_DTYPE_F32"]
+
+
+def fake_encoder(calls=None):
+    """A stand-in for cuTensorMapEncodeTiled: 128 bytes that name its arguments."""
+    def enc(ptr, rows, cols, ld):
+        if calls is not None:
+            calls.append((ptr, rows, cols, ld))
+        return np.array([ptr, rows, cols, ld] + [0xA5A5] * 12, dtype=np.uint64).tobytes()
+    return enc
+
+
+# -- layout -----------------------------------------------------------------------------------
+
+def test_constants_come_from_the_header():
+    text = abi.HEADER_PATH.read_text()
+    assert f"MK_TMAP_BYTES = {abi.TMAP_BYTES}" in text and abi.TMAP_BYTES == 128
+    assert abi.FLAG_STREAM == abi.FLAGS["MK_FLAG_STREAM"] == 1024
+    assert (abi.STREAM_BOX_COLS, abi.STREAM_BOX_ROWS) == (64, 128)
+    assert abi.TENSOR_DTYPE.itemsize == 24
+
+
+@pytest.mark.parametrize("n, tmap, total", [
+    (0, 0, 0),
+    (1, 128, 128 + 128 + 4),
+    (5, 128, 128 + 5 * 132),            # 120 B of entries fit below 128
+    (6, 256, 256 + 6 * 132),            # 144 B do not
+    (16, 384, 384 + 16 * 132),
+    (64, 1536, 1536 + 64 * 132),        # 1536 = 24 * 64 exactly: no padding
+])
+def test_layout(n, tmap, total):
+    assert abi.tmap_offset(n) == tmap
+    assert abi.ready_offset(n) == tmap + 128 * n
+    assert abi.table_bytes(n) == total
+
+
+def test_maps_are_aligned_and_clear_of_the_entries():
+    for n in range(0, 300):
+        o = abi.tmap_offset(n)
+        assert o % abi.TMAP_BYTES == 0
+        assert 24 * n <= o < 24 * n + abi.TMAP_BYTES
+        assert abi.ready_offset(n) % 4 == 0
+
+
+# -- what TMA can describe ------------------------------------------------------------------
+
+@pytest.mark.parametrize("ptr, rows, cols, ld, dtype, ok", [
+    (1 << 20, 256, 64, 64, BF16, True),
+    (1 << 20, 1, 1, 8, BF16, True),          # smallest: one element, a 16-B row stride
+    (1 << 20, 4096, 11008, 11008, BF16, True),
+    ((1 << 20) + 16, 256, 64, 64, BF16, True),
+    ((1 << 20) + 8, 256, 64, 64, BF16, False),   # base not 16-B aligned
+    ((1 << 20) + 2, 256, 64, 64, BF16, False),
+    (0, 256, 64, 64, BF16, False),               # no tensor
+    (1 << 20, 256, 60, 60, BF16, False),         # row stride 120 B
+    (1 << 20, 256, 60, 64, BF16, True),          # padded rows
+    (1 << 20, 256, 64, 63, BF16, False),         # a row longer than the stride
+    (1 << 20, 0, 64, 64, BF16, False),           # empty
+    (1 << 20, 256, 0, 64, BF16, False),
+    (1 << 20, 2 ** 32, 64, 64, BF16, True),
+    (1 << 20, 2 ** 32 + 1, 64, 64, BF16, False),
+    (1 << 20, 2, 8, 2 ** 39 - 8, BF16, True),    # stride 2**40 - 16
+    (1 << 20, 2, 8, 2 ** 39, BF16, False),       # stride 2**40
+    (1 << 20, 256, 64, 64, F32, False),          # not bf16
+])
+def test_encodable(ptr, rows, cols, ld, dtype, ok):
+    assert tensor_maps.encodable(ptr, rows, cols, ld, dtype) is ok
+
+
+# -- table images -------------------------------------------------------------------------------
+
+def entries_of(rows):
+    t = np.zeros(len(rows), dtype=abi.TENSOR_DTYPE)
+    for i, (ptr, r, c, ld, dt) in enumerate(rows):
+        t[i] = (ptr, r, c, ld, dt)
+    return t
+
+
+def test_fill_table_with_a_fake_encoder():
+    entries = entries_of([
+        (0x10000, 4, 4, 4, F32),            # 0: not streamed
+        (0x20000, 256, 64, 64, BF16),       # 1: streamed
+        (0x30008, 256, 64, 64, BF16),       # 2: streamed, misaligned: ready 0
+        (0x40000, 128, 96, 128, BF16),      # 3: streamed
+        (0x50000, 64, 64, 64, BF16),        # 4: encodable, but not streamed
+        (0x60000, 64, 64, 64, F32),         # 5: streamed slot of a non-bf16 tensor
+    ])
+    n = len(entries)
+    buf = np.full(abi.table_bytes(n) + 40, 0xEE, dtype=np.uint8)   # stale bytes everywhere
+    calls = []
+    done = tensor_maps.fill_table(buf, n, entries, [1, 2, 3, 5, 99], fake_encoder(calls))
+    assert done == 2
+    assert calls == [(0x20000, 256, 64, 64), (0x40000, 128, 96, 128)]
+    assert buf[:24 * n].tobytes() == entries.tobytes()
+    assert not buf[24 * n:abi.tmap_offset(n)].any()              # padding
+    assert not buf[abi.table_bytes(n):].any()                    # past the table
+    maps = buf[abi.tmap_offset(n):abi.ready_offset(n)].reshape(n, 128)
+    np.testing.assert_array_equal(maps[1].view(np.uint64)[:4], [0x20000, 256, 64, 64])
+    np.testing.assert_array_equal(maps[3].view(np.uint64)[:4], [0x40000, 128, 96, 128])
+    for i in (0, 2, 4, 5):
+        assert not maps[i].any(), i
+    ready = buf[abi.ready_offset(n):abi.table_bytes(n)].view(np.uint32)
+    np.testing.assert_array_equal(ready, [0, 1, 0, 1, 0, 0])
+    np.testing.assert_array_equal(tensor_maps.ready_view(buf, n), ready)
+    np.testing.assert_array_equal(tensor_maps.maps_view(buf, n), maps)
+
+
+def test_write_maps_redoes_only_its_slots():
+    entries = entries_of([(0x20000, 256, 64, 64, BF16), (0x40000, 128, 64, 64, BF16)])
+    buf = np.zeros(abi.table_bytes(2), dtype=np.uint8)
+    tensor_maps.fill_table(buf, 2, entries, [0, 1], fake_encoder())
+    before = tensor_maps.maps_view(buf, 2).copy()
+    entries[1]["ptr"] = 0x80000
+    calls = []
+    assert tensor_maps.write_maps(buf, 2, entries, [1], fake_encoder(calls)) == 1
+    assert calls == [(0x80000, 128, 64, 64)]
+    np.testing.assert_array_equal(tensor_maps.maps_view(buf, 2)[0], before[0])
+    assert tensor_maps.maps_view(buf, 2)[1].view(np.uint64)[0] == 0x80000
+    entries[1]["ptr"] = 0x80002                           # now misaligned: map and flag cleared
+    assert tensor_maps.write_maps(buf, 2, entries, [1], fake_encoder()) == 0
+    assert not tensor_maps.maps_view(buf, 2)[1].any()
+    np.testing.assert_array_equal(tensor_maps.ready_view(buf, 2), [1, 0])
+
+
+def test_fill_table_without_stream_slots_calls_no_encoder():
+    entries = entries_of([(0x20000, 256, 64, 64, BF16)] * 3)
+    buf = np.zeros(abi.table_bytes(3), dtype=np.uint8)
+
+    def refuse(*args):
+        raise AssertionError("no map to encode")
+    assert tensor_maps.fill_table(buf, 3, entries, [], refuse) == 0
+    assert not buf[abi.tmap_offset(3):].any()
+
+
+def test_fill_table_refuses_a_short_image():
+    entries = entries_of([(0x20000, 256, 64, 64, BF16)] * 3)
+    with pytest.raises(ValueError, match="needs"):
+        tensor_maps.fill_table(np.zeros(abi.table_bytes(3) - 1, np.uint8), 3, entries, [])
+    with pytest.raises(TypeError):
+        tensor_maps.fill_table(np.zeros(abi.table_bytes(3), np.uint8), 3, entries[:2], [])
+
+
+# -- stream slots ---------------------------------------------------------------------------
+
+def records(*rows):
+    """(opcode name, flags, B slot) per record."""
+    rec = abi.empty_instrs(len(rows))
+    for i, (op, flags, b) in enumerate(rows):
+        rec[i]["opcode"] = abi.OPCODE_OF[op]
+        rec[i]["flags"] = flags
+        rec[i]["tensor"][abi.ARG_A] = 0
+        rec[i]["tensor"][abi.ARG_B] = b
+        rec[i]["tensor"][abi.ARG_OUT] = 9
+    return rec
+
+
+def test_stream_slots():
+    S, R = abi.FLAG_STREAM, abi.FLAG_B_READY
+    rec = records(("gemm", S | R, 3), ("gemm", R, 4), ("gemm", S | R | abi.FLAG_BIAS, 3),
+                  ("gemm", S | R, 1), ("add", S, 5), ("nop", 0, 6), ("gemm", 0, 7))
+    assert tensor_maps.stream_slots(rec) == (1, 3)
+    assert tensor_maps.stream_slots(records(("gemm", R, 4))) == ()
+    assert tensor_maps.stream_slots(abi.empty_instrs(0)) == ()
+
+
+# -- the executor's tables, on the fake driver --------------------------------------------------
+
+def stream_plan(stream_pages=2):
+    """NOP queues (what the fake kernel runs) plus one streamed GEMM record whose B is slot 1:
+    the executor builds its tables from the records; the fake kernel only counts signals."""
+    rec = records(("nop", 0, 0), ("gemm", abi.FLAG_STREAM | abi.FLAG_B_READY, 1))
+    rec["tensor"][:, abi.ARG_A] = 0
+    rec["tensor"][:, abi.ARG_OUT] = 2
+    tensors = [TensorSlot(0, "x", 4, 4, "float32", "input"),
+               TensorSlot(1, "w", 256, 64, "bfloat16", "input"),
+               TensorSlot(2, "y", 4, 64, "float32", "intermediate")]
+    return Plan(instrs=rec, queue_start=np.array([0, 2], dtype=np.uint32), tensors=tensors,
+                n_counters=1, n_sm=1, n_pages=6, op_labels=["nop", "gemm"],
+                inputs={"x": 0, "w": 1}, outputs={"y": 2},
+                input_shapes={"x": ((4, 4), "float32"), "w": ((256, 64), "bfloat16")},
+                output_shapes={"y": (4, 64)}, stream_pages=stream_pages)
+
+
+def table_image(ptr, n):
+    from megak.runtime.memory import host_array
+    size = -(-abi.table_bytes(n) // 128) * 128
+    return host_array(ptr, np.uint8, (size,)).copy()
+
+
+def test_fake_executor_tables_carry_the_maps(fake_gpu, monkeypatch):  # noqa: F811
+    from megak.runtime.executor import CudaExecutor
+    from megak.runtime.memory import host_array
+    calls = []
+    monkeypatch.setattr(tensor_maps, "encode", fake_encoder(calls))
+    seen = []
+    run_nops = fake_gpu.kernel
+
+    def kernel(params, tensors, ticket):
+        seen.append(table_image(tensors, 3))
+        run_nops(params, tensors, ticket)
+    fake_gpu.kernel = kernel
+    ext_ptrs = [fake_gpu.alloc(256 * 64 * 2), fake_gpu.alloc(4 * 4 * 4)]
+    try:
+        with CudaExecutor(stream_plan()) as ex:
+            w = ex._tensors[1]
+            assert calls == [(w.buf.ptr, 256, 64, w.ld)]
+            assert ex._dev_buf["tensors"].ptr % 128 == 0 and ex._table_bytes % 128 == 0
+            params = host_array(ex._dev_buf["params"].ptr, abi.PARAMS_DTYPE, (1,))[0]
+            assert int(params["stream_pages"]) == 2 and int(params["n_tensors"]) == 3
+            own = table_image(ex._dev_buf["tensors"].ptr, 3)
+            np.testing.assert_array_equal(tensor_maps.ready_view(own, 3), [0, 1, 0])
+            assert tensor_maps.maps_view(own, 3)[1].view(np.uint64)[0] == w.buf.ptr
+
+            ex.run({}, [])
+            np.testing.assert_array_equal(seen[-1], own)
+
+            # a binding of new weights: its own map, encoded once, when the table is made
+            wa = DeviceArray(None, "cuda", ext_ptrs[0], (256, 64), (64, 1), "bfloat16", 0)
+            for _ in range(3):
+                ex.run({}, [], external={1: wa})
+                table = seen[-1]
+                assert tensor_maps.maps_view(table, 3)[1].view(np.uint64)[0] == ext_ptrs[0]
+                np.testing.assert_array_equal(tensor_maps.ready_view(table, 3), [0, 1, 0])
+            assert calls[1:] == [(ext_ptrs[0], 256, 64, 64)]
+
+            # a binding of another slot keeps megak's map of the weights, encoding nothing
+            xa = DeviceArray(None, "cuda", ext_ptrs[1], (4, 4), (4, 1), "float32", 0)
+            ex.run({}, [], external={0: xa})
+            assert len(calls) == 2
+            np.testing.assert_array_equal(tensor_maps.maps_view(seen[-1], 3),
+                                          tensor_maps.maps_view(own, 3))
+            np.testing.assert_array_equal(tensor_maps.ready_view(seen[-1], 3), [0, 1, 0])
+
+            # weights TMA cannot read (misaligned): no map, the device loads them itself
+            # (prepared, not run: the fake kernel insists on 256-B aligned tensors)
+            wb = DeviceArray(None, "cuda", ext_ptrs[0] + 2, (256, 64), (64, 1), "bfloat16", 0)
+            _, table_ptr, _, _ = ex.prepare_request({}, [], external={1: wb})
+            assert len(calls) == 2
+            table = table_image(table_ptr, 3)
+            np.testing.assert_array_equal(tensor_maps.ready_view(table, 3), [0, 0, 0])
+            assert not tensor_maps.maps_view(table, 3)[1].any()
+
+            # the resident path hands out the same tables
+            _, table_ptr, _, b = ex.prepare_request({}, [], external={1: wa})
+            assert tensor_maps.maps_view(table_image(table_ptr, 3), 3)[1].view(
+                np.uint64)[0] == ext_ptrs[0]
+            _, table_ptr, _, b = ex.prepare_request({}, [])
+            assert b is None and table_ptr == ex._dev_buf["tensors"].ptr
+    finally:
+        for p in ext_ptrs:
+            del fake_gpu.mem[p]
+
+
+def test_fake_executor_without_stream_slots_encodes_nothing(fake_gpu, monkeypatch):  # noqa: F811
+    from megak.runtime.executor import CudaExecutor
+    from megak.runtime.memory import host_array
+
+    def refuse(*args):
+        raise AssertionError("no map to encode")
+    monkeypatch.setattr(tensor_maps, "encode", refuse)
+    plan = stream_plan(stream_pages=0)
+    plan.instrs["flags"] = 0
+    with CudaExecutor(plan) as ex:
+        own = table_image(ex._dev_buf["tensors"].ptr, 3)
+        assert not own[abi.tmap_offset(3):].any()
+        params = host_array(ex._dev_buf["params"].ptr, abi.PARAMS_DTYPE, (1,))[0]
+        assert int(params["stream_pages"]) == 0
+        ex.run({}, [])
+
+
+def test_fake_executor_refuses_a_ring_larger_than_the_pages(fake_gpu):  # noqa: F811
+    from megak.errors import GraphError
+    from megak.runtime.executor import CudaExecutor
+    with pytest.raises(GraphError, match="stream_pages"):
+        CudaExecutor(stream_plan(stream_pages=7))
+
+
+# -- the real driver ------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_encode_a_real_map():
+    from cuda.core import Device
+
+    from megak.runtime.memory import Memory
+    Device(0).set_current()
+    m = Memory(0)
+    try:
+        buf = m.device(256 * 64 * 2, "weights")
+        assert tensor_maps.encodable(buf.ptr, 256, 64, 64, BF16)
+        a = tensor_maps.encode(buf.ptr, 256, 64, 64)
+        assert isinstance(a, bytes) and len(a) == abi.TMAP_BYTES and any(a)
+        b = tensor_maps.encode(buf.ptr + 256, 255, 64, 64)
+        assert len(b) == abi.TMAP_BYTES and a != b
+        image = np.zeros(abi.table_bytes(1), np.uint8)
+        entries = entries_of([(buf.ptr, 256, 64, 64, BF16)])
+        assert tensor_maps.fill_table(image, 1, entries, [0]) == 1
+        assert tensor_maps.maps_view(image, 1)[0].tobytes() == a
+    finally:
+        m.close()
