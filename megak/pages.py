@@ -57,6 +57,14 @@ def pages_for(optin_smem_bytes: int, static_smem_bytes: int = 0) -> int:
 DEFAULT_PAGES = pages_for(HOPPER_OPTIN_SMEM)
 
 
+def ring_pages(n_pages: int, largest_record_pages: int) -> int:
+    """Pages of each block's weight ring (mk_params.stream_pages): what the largest record
+    leaves of n_pages, up to MK_STREAM_MAX_RING; 0 below MK_STREAM_MIN_RING (the streamed
+    GEMMs then load B themselves)."""
+    ring = min(n_pages - largest_record_pages, abi.OP_SHAPES["MK_STREAM_MAX_RING"])
+    return ring if ring >= abi.OP_SHAPES["MK_STREAM_MIN_RING"] else 0
+
+
 def check_page_needs(needs: int, n_pages: int, what: str) -> None:
     if needs > n_pages:
         raise GraphError(f"{what} needs {needs} shared-memory pages of {PAGE_BYTES} B; "

@@ -234,14 +234,10 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
 
 
 def stream_pages(ins: np.ndarray, n_pages: int) -> int:
-    """Pages of each block's weight ring: what the program's other instructions leave, up to
-    MK_STREAM_MAX_RING; 0 when nothing streams or fewer than MK_STREAM_MIN_RING are left
-    (the streamed GEMMs then load B themselves)."""
+    """Pages of each block's weight ring (pages.ring_pages); 0 when nothing streams."""
     if len(ins) == 0 or not (ins["flags"] & abi.FLAG_STREAM).any():
         return 0
-    left = n_pages - int(ins["pages"].max())
-    ring = min(left, abi.OP_SHAPES["MK_STREAM_MAX_RING"])
-    return ring if ring >= abi.OP_SHAPES["MK_STREAM_MIN_RING"] else 0
+    return pages.ring_pages(n_pages, int(ins["pages"].max()))
 
 
 def lowering_units(graph: Graph, n_sm: int):

@@ -127,6 +127,7 @@ class SimExecutor:
         self.debug = debug
         self.counters = np.zeros(max(plan.n_counters, 1), dtype=np.uint32)
         self.epoch = 0
+        self._run_bytes = self._stream_checked = None   # the queues the ring model last ran
         self.last_peak_pages: list[int] = []
         self.last_page_intervals: list[list[tuple]] = []
 
@@ -148,6 +149,7 @@ class SimExecutor:
         abi.TRACE_DTYPE record per instruction (queue order), in logical steps."""
         plan = self.plan
         data = abi.encode(plan.instrs)          # execute the bytes, not the Python objects
+        self._run_bytes = data
         instrs = abi.decode(data)
         tensors = []
         written = []
@@ -195,7 +197,9 @@ class SimExecutor:
         done = [len(queues[s]) == 0 for s in range(n_sm)]
         epoch = self.epoch
         self._epoch = epoch
-        check_stream_queues(plan, queues)
+        if self._stream_checked != self._run_bytes:   # once per set of queues, not per run
+            check_stream_queues(plan, queues)
+            self._stream_checked = self._run_bytes
         counters = self.counters
         states = [dict(queue_index=0, opcode=0, op_index=0, counter=0, expected=0,
                        observed=0, error=_OK, pad=0) for _ in range(n_sm)]

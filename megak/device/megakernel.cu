@@ -357,8 +357,7 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
         const unsigned char* tmaps = mk_tmaps(p);
         const mk_u32 ring0 = mk_smem_addr(mk_ring_page(p, 0));
         const mk_u64 policy = mk_policy_evict_first();
-        const mk_u64 t = p.timeout_ns;
-        const mk_u64 patience = t > (~0ull >> 2) ? ~0ull : 3 * t + 1000000000ull;
+        const mk_u64 patience = mk_patience(p.timeout_ns);
         mk_fence_proxy_async_smem();   /* the ring pages' earlier generic writes, if any */
         mk_u32 pos = 0;
         bool go = true;
@@ -584,8 +583,7 @@ __device__ __noinline__ void mk_compute()
         mk_slot& s = ctl.slot[q & 1];
         /* C1. The loader's waits are bounded, so this one only guards against a lost loader:
          * three of its deadlines (slot, pages, counters) plus a margin. */
-        const mk_u64 t = p.timeout_ns;
-        const mk_u64 deadline = mk_deadline(t > (~0ull >> 2) ? ~0ull : 3 * t + 1000000000ull);
+        const mk_u64 deadline = mk_deadline(mk_patience(p.timeout_ns));
         const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);
         if (!ready || s.stop) {
             if (tid == 0) {

@@ -130,6 +130,13 @@ __device__ __forceinline__ mk_u64 mk_deadline(mk_u64 timeout_ns)
     return now + timeout_ns >= now ? now + timeout_ns : ~0ull;
 }
 
+/* How long a role waits for another role of its block, which itself waits at most three of
+ * its own deadlines (slot, pages, counters): 3 x timeout + 1 s, saturating. */
+__device__ __forceinline__ mk_u64 mk_patience(mk_u64 timeout_ns)
+{
+    return timeout_ns > (~0ull >> 2) ? ~0ull : 3 * timeout_ns + 1000000000ull;
+}
+
 /* SM cycles: short busy delays where %globaltimer is too coarse. */
 __device__ __forceinline__ mk_u32 mk_clock()
 {

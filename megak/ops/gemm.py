@@ -24,6 +24,7 @@ from ..accuracy import accumulation_gamma
 from ..dtypes import ITEMSIZE, TENSOR_ALIGN_ELEMS
 from ..errors import GraphError
 from ..graph import check_2d, check_dtype, check_row_vector
+from ..pages import DEFAULT_PAGES, ring_pages
 from . import _epilogue
 from ._lowering import Lowered, Region, cost_ns, edges, grid
 from .base import OpDef, PagePlan, Unit, region
@@ -37,8 +38,8 @@ STREAM_TILE_M = SHAPES["MK_STREAM_TILE_M"]
 BOX_COLS = SHAPES["MK_STREAM_BOX_COLS"]
 BOX_ROWS = SHAPES["MK_STREAM_BOX_ROWS"]
 STREAM_PAGES = SHAPES["MK_STREAM_PAGES"]
-# the weight ring of a program of streamed GEMMs on the usual 13 pages (scheduler.stream_pages)
-RING_BOXES = min(13 - STREAM_PAGES, SHAPES["MK_STREAM_MAX_RING"])
+# the weight ring of a program of streamed GEMMs on a Hopper SM's pages (scheduler.stream_pages)
+RING_BOXES = ring_pages(DEFAULT_PAGES, STREAM_PAGES)
 
 MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
 MIN_SPLIT_K = 128        # and at least this much K per partial

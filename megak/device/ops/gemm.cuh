@@ -288,7 +288,7 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, con
 {
     if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16 ||
         (in.flags & MK_FLAG_STREAM))
-        return 0;   /* a streamed GEMM's B comes through the ring, A into registers */
+        return 0;   /* a streamed GEMM's B comes through the ring; the op stages A itself */
     return mk_gemm_bf16_preload_stages(in, op);
 }
 

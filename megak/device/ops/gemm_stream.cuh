@@ -1,12 +1,13 @@
 /* MK_OP_GEMM with MK_FLAG_STREAM: a bf16 GEMM of at most MK_STREAM_M (64) rows whose B is a
  * graph input (weights): B arrives through the block's weight ring (stream.cuh), A from L2
- * into registers, fp32 accumulate, the epilogue of gemm_epilogue.cuh.
+ * into shared memory by cp.async, fp32 accumulate, the epilogue of gemm_epilogue.cuh.
  *
  * What it is for: a layer at batch 1..64. Its bytes are B's (M flops per byte: the tensor
  * cores idle, HBM is the limit), so the lowering (megak/ops/gemm.py) cuts B into boxes of
  * 64 columns x 128 k-rows, gives every column band `parts` instructions over equal k ranges
- * (one per SM of a layer: every SM streams an equal share), and the last of a band's parts to
- * finish sums the fp32 partials in part order and runs the epilogue. The streamer keeps the
+ * (as few as keep a part within the ring, as many as spread a large layer over the SMs:
+ * gemm.stream_split), and the last of a band's parts to finish sums the fp32 partials in part
+ * order and runs the epilogue. The streamer keeps the
  * next instructions' boxes coming while this one waits for its activation.
  *
  *   stage s = one box: k-rows [k0 + 128 s, k0 + 128 s + 128) x columns [col0, col0 + 64) of B,
@@ -33,12 +34,12 @@
  *  - a warp per k16 step: each warp reads a different 4 KiB of every page (ldmatrix.trans
  *    through the swizzle: the 8 row addresses of a phase fall in 8 different bank groups) and
  *    a different slice of A, so A is read once per SM and the box once;
- *  - A (the previous layer's output, in L2) is requested up to 4 stages ahead into a ring of
- *    registers (mk_stream_ahead): an L2 read under the whole GPU's streaming takes ~1-2 us, several
+ *  - A (the previous layer's output, in L2) is requested several stages ahead into a ring in
+ *    pages 0-1 (see below): an L2 read under the whole GPU's streaming takes ~1-2 us, several
  *    stages' time;
  *  - k ranges are whole boxes except at K's end, where the copy fills zeros: no stage mixes
- *    two parts' k-rows, and A past K is zero in registers (0 x a finite weight); columns past
- *    N arrive as zeros too;
+ *    two parts' k-rows, and A past K is zero-filled by its copy (0 x a finite weight);
+ *    columns past N arrive as zeros too;
  *  - the combine: every part stores its partial (weak stores), the compute barrier, then
  *    thread 0: fence, atomic add on the band's counter (out_row0); the part that brings it to
  *    (epoch + 1) * parts is the last (counters advance per run, like the dependency counters,
