@@ -26,6 +26,8 @@ import threading
 import time
 import weakref
 
+import numpy as np
+
 from .errors import GraphError, MegakernelError, MegakernelHang
 from .program import Program
 
@@ -66,6 +68,8 @@ class Resident:
         self._failed: MegakernelError | None = None     # the simulator's stop
         self._kernel = None
         self._finalizer = None
+        # per program, the requests in flight through its own (megak-owned) buffers
+        self._staged: dict[Program, list[Request]] = {}
         for prog in programs:
             self._check_program(prog)
         if self.backend == "cuda":
@@ -142,7 +146,14 @@ class Resident:
     def submit(self, prog: Program, *, out: dict | None = None, **inputs) -> "Request":
         """Queue one run of ``prog`` (inputs and ``out=`` as for ``Program.run``) and return
         its `Request` at once. Raises GraphError for bad arguments, MegakernelError when the
-        kernel has stopped after a failed request or is closed."""
+        kernel has stopped after a failed request or is closed.
+
+        numpy inputs and outputs go through the program's own device buffers, which the next
+        request of the program overwrites: such a request first waits for the program's
+        earlier requests that use those buffers (their results are kept for their wait())."""
+        staged = self.backend == "cuda" and _uses_own_buffers(prog, inputs, out)
+        if staged:
+            self._settle(prog)
         with self._lock:
             self._check_open()
             if prog not in self._programs:
@@ -158,7 +169,19 @@ class Resident:
             call, params, table, ticket = prog._prepare_request(inputs, out)
             deadline = time.monotonic() + prog._executor.host_timeout_s
             s = kernel.post(params, table, ticket, deadline)
-            return Request(self, prog, call, ticket, s, out, inputs)
+            request = Request(self, prog, call, ticket, s, out, inputs)
+            if staged:
+                self._staged.setdefault(prog, []).append(request)
+            return request
+
+    def _settle(self, prog: Program) -> None:
+        """Wait for `prog`'s earlier requests through its own buffers (outside the lock:
+        waiting takes it). An error stays with its request, raised by its wait()."""
+        for request in self._staged.pop(prog, []):
+            try:
+                request.wait()
+            except MegakernelError:
+                pass
 
     def _submit_sim(self, prog: Program, out, inputs) -> "Request":
         if self._failed is not None:
@@ -273,6 +296,17 @@ class Request:
         self._result = self._program._finish(self._call, host, self._out)
         self._inputs = None
         return self._result
+
+
+def _uses_own_buffers(prog: Program, inputs: dict, out) -> bool:
+    """Whether a request's inputs or outputs go through the program's own buffers: numpy
+    inputs, outputs returned as new arrays (not in out=), numpy ones, or outputs copied out
+    of megak's buffer after the run instead of written in place."""
+    if any(isinstance(v, np.ndarray) for v in inputs.values()):
+        return True
+    out = out or {}
+    return any(name not in out or isinstance(out[name], np.ndarray)
+               or not prog._writes_in_place(name) for name in prog.plan.outputs)
 
 
 def _close_quietly(kernel, limit: float) -> None:

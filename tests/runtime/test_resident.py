@@ -96,6 +96,22 @@ def test_numpy_inputs_and_outputs(rng, debug):
             assert_close(y, value, bound, f"numpy request {i}")
 
 
+def test_numpy_requests_in_flight_keep_their_own_results(rng):
+    """numpy requests submitted back to back without waiting share the program's buffers:
+    each submit first waits for the earlier ones, so every request keeps its own inputs and
+    results, whatever order they are waited in."""
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda", timeout_s=2.0) as prog, megak.resident(prog) as r:
+        pending = []
+        for _ in range(6):
+            host = {n: rng.uniform(-1, 1, t.shape).astype(np.float32) for n, t in g.inputs.items()}
+            value, bound = evaluate(g, {k: v.astype(np.float64) for k, v in host.items()})[
+                g.outputs["y"].index]
+            pending.append((value, bound, r.submit(prog, **host)))
+        for i, (value, bound, h) in reversed(list(enumerate(pending))):
+            assert_close(h.wait()["y"], value, bound, f"numpy request {i}")
+
+
 def test_it_leaves_when_idle_and_the_next_submit_launches_it_again(rng):
     g = copy_graph()
     with megak.compile(g, backend="cuda") as prog:
