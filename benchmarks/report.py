@@ -1,4 +1,5 @@
-"""The benchmark report: megakernel vs separate launches, CUDA graphs and torch/cuBLAS.
+"""The benchmark report: megakernel vs separate launches, CUDA graphs (plain and with
+programmatic dependent launch) and torch/cuBLAS.
 
     python -m benchmarks.report [--quick] [--out-dir benchmarks] [--only W1 ...] [--seed N]
     python -m benchmarks.report --render-only     # RESULTS.md again from the newest JSON (no GPU)
@@ -490,6 +491,7 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
     notes = doc.get("notes", {})
     for name, variants in by_workload(doc["results"]).items():
         out += render_workload(name, variants, descr.get(name, ""), notes.get(name, []))
+    out += render_hop(doc)
     nya = doc.get("not_yet_available", {})
     if nya:
         out += ["## Not yet available", ""]
@@ -504,7 +506,33 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
     return "\n".join(out)
 
 
+def render_hop(doc: dict) -> list[str]:
+    """The hop microbenchmark's two figures (benchmarks/hop.py), beside W1's megak figure."""
+    h = doc.get("hop")
+    if not h:
+        return []
+    w1 = by_workload(doc["results"]).get("W1", {}).get("megak")
+    out = ["### The dependent hop (benchmarks/hop.py)", "",
+           f"One thread per SM, a chain of {h['n_hops']:,} hops across the "
+           f"{h['sm_count']} SMs, timed inside the kernel (%globaltimer), medians of "
+           f"{h['reps']} launches: the floor of one cross-SM dependent step, outside megak.", "",
+           "| hand-off | us per hop |", "|---|---|",
+           f"| data as its own flag (one 64-bit word, value + epoch, relaxed) | "
+           f"{h['word_us']:.3f} |",
+           f"| separate flag (release / acquire) | {h['flag_us']:.3f} |"]
+    if w1 is not None:
+        out.append(f"| megak W1 (a copy instruction per hop, whole megakernel) | "
+                   f"{w1['value']:.3f} |")
+    return out + ["", f"Separate flag / data as its own flag: {h['ratio']:.2f}x.", ""]
+
+
 # ---- chart -------------------------------------------------------------------------------------
+
+#: bar colour of each variant compared with megak (others: matplotlib's cycle)
+CHART_COLORS = {"separate": "#4c72b0", "graph": "#55a868", "graph_pdl": "#2ca7a0",
+                "torch": "#c44e52", "torch_graph": "#8172b2", "megak_launch": "#dd8452",
+                "megak_resident": "#937860"}
+
 
 def write_chart(doc: dict, path: Path) -> bool:
     """Horizontal bars: per workload, t_megak / t of every other variant (log scale; 1 = as
@@ -528,8 +556,6 @@ def write_chart(doc: dict, path: Path) -> bool:
     fig = Figure(figsize=(9, 0.6 + 0.55 * len(rows) * max(1, len(others) / 2)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    colors = {"separate": "#4c72b0", "graph": "#55a868", "torch": "#c44e52",
-              "torch_graph": "#8172b2", "megak_launch": "#dd8452", "megak_resident": "#937860"}
     ys = np.arange(len(rows))[::-1]
     lo, hi = 1.0, 1.0
     for k, v in enumerate(others):
@@ -539,7 +565,7 @@ def write_chart(doc: dict, path: Path) -> bool:
         pos = [y - (k - (len(others) - 1) / 2) * height for y in ys]
         xs = [x if x else np.nan for x in vals]
         ax.barh(pos, [x - 1.0 for x in xs], height=height * 0.9, left=1.0, label=v,
-                color=colors.get(v))
+                color=CHART_COLORS.get(v))
         for p, x in zip(pos, xs):
             if x == x:
                 lo, hi = min(lo, x), max(hi, x)
@@ -642,8 +668,10 @@ def time_bench_variant(b, variant: str, reps: int, warmup: int, flush: bool) -> 
         return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=False)
     if variant == "graph":
         return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=True)
+    if variant == "graph_pdl":   # the same graph, launches joined by programmatic edges
+        return b.time_separate(reps=reps, warmup=warmup, flush_l2=flush, graph=True, pdl=True)
     raise ValueError(f"unknown Bench variant {variant!r}; allowed: megak, megak_trace, "
-                     f"separate, graph")
+                     f"separate, graph, graph_pdl")
 
 
 def time_calls(fn, reps: int, warmup: int, clock=time.perf_counter_ns) -> np.ndarray:
@@ -832,10 +860,10 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
             f"{w.metric} ({r['reps']} runs, {r['check']})"
             + (f", weights {fmt(r['weights_tb_s'])} TB/s" if "weights_tb_s" in r else ""))
 
-    # -- megak, separate, graph: one program, one Bench, the same device buffers -------------
-    bench_variants = ("megak", "separate", "graph")
+    # -- megak, separate, graph, graph_pdl: one program, one Bench, the same device buffers --
+    bench_variants = ("megak", "separate", "graph", "graph_pdl")
     if w.name.startswith("W2-"):   # tracing overhead is measured on the MLP chains
-        bench_variants = ("megak", "megak_trace", "separate", "graph")
+        bench_variants = ("megak", "megak_trace", "separate", "graph", "graph_pdl")
     prog = bench = None
     stage = "compile"
     try:
@@ -1239,6 +1267,17 @@ def main(argv: list[str] | None = None) -> int:
             notes[w.name] = n
         print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
 
+    hop_figures = None
+    if "W1" in names:   # W1's floor, measured beside it (benchmarks/hop.py)
+        try:
+            from . import hop
+            hop_figures = hop.measure(n_hops=1000, reps=5 if args.quick else 20)
+            print(f"hop: data as its own flag {hop_figures['word_us']:.3f} us, separate flag "
+                  f"{hop_figures['flag_us']:.3f} us per hop", flush=True)
+        except Exception as exc:
+            traceback.print_exc()
+            failures.append({"workload": "hop", "variant": "megak", "error": _error(exc)})
+
     now = _dt.datetime.now(_dt.timezone.utc)
     doc = {
         "machine": machine,
@@ -1256,6 +1295,8 @@ def main(argv: list[str] | None = None) -> int:
         "notes": notes,
         "elapsed_s": round(time.monotonic() - t_start, 1),
     }
+    if hop_figures is not None:
+        doc["hop"] = hop_figures
     if args.baseline:
         doc["baseline"] = load_baseline(Path(args.baseline))
     paths = write_outputs(doc, out_dir)

@@ -1,5 +1,6 @@
-"""pytest-benchmark around the megakernel and the separate / CUDA-graph variants of the small
-workloads (W1, W2-1024x16-fp32, W3-4096-fp32). GPU only (marked `gpu`, skipped elsewhere).
+"""pytest-benchmark around the megakernel and the separate / CUDA-graph / CUDA-graph-with-PDL
+variants of the small workloads (W1, W2-1024x16-fp32, W3-4096-fp32). GPU only (marked `gpu`,
+skipped elsewhere).
 
     python -m pytest benchmarks/test_gpu_benchmarks.py --benchmark-only
 
@@ -50,7 +51,7 @@ def bench_for():
         p.close()
 
 
-@pytest.mark.parametrize("variant", ["megak", "separate", "graph"])
+@pytest.mark.parametrize("variant", ["megak", "separate", "graph", "graph_pdl"])
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_variant(benchmark, bench_for, name, variant):
     w, ref, b = bench_for(name)
@@ -69,3 +70,39 @@ def test_variant(benchmark, bench_for, name, variant):
     # --benchmark-disable runs the function once, without rounds
     runs = 1 if benchmark.disabled else ROUNDS[name] + 1
     assert len(event_us) == runs and all(t > 0 for t in event_us)
+
+
+# small chains for the graph_pdl variant: W1's copies, an fp32 GEMM chain, bf16 chains whose
+# GEMMs stream their weights (1024: programmatic edges between every pair of launches; 2048:
+# every GEMM combines its parts, so a counter memset sits between launches)
+SMALL_CHAINS = {"W1-10x32": lambda: W.w1(n_ops=10), "W2-64x2-fp32": lambda: W.w2(64, 2),
+                "W2-1024x3-bf16": lambda: W.w2(1024, 3, dtype="bfloat16"),
+                "W2-2048x3-bf16": lambda: W.w2(2048, 3, dtype="bfloat16")}
+
+
+@pytest.mark.parametrize("name", list(SMALL_CHAINS))
+def test_graph_pdl_computes_the_reference(name):
+    """graph and graph_pdl on one Bench (each its own graph exec): outputs poisoned, the
+    poison seen by the check, then each variant's timed runs leave the reference."""
+    from megak.runtime.bench import Bench
+    w = SMALL_CHAINS[name]()
+    assert w.name == name
+    rng = np.random.default_rng(11)
+    inputs = w.make_inputs(rng)
+    ref = w.reference(inputs, rng)
+    with megak.compile(w.build(), backend="cuda") as prog:
+        w.check(ref, prog.run(**inputs), f"{name}: prog.run")
+        b = Bench(prog)
+        try:
+            b.upload(**inputs)
+            for variant in ("graph", "graph_pdl", "graph_pdl"):   # the second: a replay
+                b.poison()
+                with pytest.raises(W.CheckError):
+                    w.check(ref, b.outputs(), f"{name}: poisoned")
+                us = time_bench_variant(b, variant, reps=3, warmup=1,
+                                        flush=w.working_set_bytes <= L2_FLUSH_BYTES)
+                assert us.shape == (3,)
+                w.check(ref, b.outputs(), f"{name}/{variant} (outputs of the timed runs)")
+            assert set(b._graphs) == {False, True}
+        finally:
+            b.close()

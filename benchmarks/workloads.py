@@ -332,7 +332,7 @@ def w1(n_ops: int = 1000, cols: int = 32) -> Workload:
         reference=reference, check=check, torch_case=torch_case,
         working_set_bytes=(n_ops + 1) * cols * 4,
         reps={"megak": (200, 20), "separate": (20, 3), "graph": (100, 10),
-              "torch": (20, 3), "torch_graph": (100, 10)},
+              "graph_pdl": (100, 10), "torch": (20, 3), "torch_graph": (100, 10)},
         plan_check=check_chain_on_distinct_sms)
 
 
@@ -408,7 +408,7 @@ def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Wor
         check=check, torch_case=torch_case,
         working_set_bytes=batch * hidden * (layers + 1) * size + weight_bytes,
         reps={v: ((100, 10) if big else (200, 20))
-              for v in ("megak", "separate", "graph", "torch", "torch_graph")},
+              for v in ("megak", "separate", "graph", "graph_pdl", "torch", "torch_graph")},
         weight_bytes=weight_bytes)
 
 
@@ -449,7 +449,8 @@ def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK, dtype: str = "float32") -
         metric="TFLOP/s", work=2.0 * n ** 3, build=build, make_inputs=make_inputs,
         reference=reference, check=check, torch_case=torch_case,
         working_set_bytes=3 * n * n * (4 if dtype == "float32" else 2),
-        reps={v: reps for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+        reps={v: reps for v in ("megak", "separate", "graph", "graph_pdl", "torch",
+                                "torch_graph")})
 
 
 # W4, W5 -------------------------------------------------------------------------------------
@@ -485,7 +486,8 @@ def w4(n: int) -> Workload:
         metric="GB/s", work=2.0 * n * n * 4, build=build, make_inputs=make_inputs,
         reference=reference, check=check, torch_case=torch_case,
         working_set_bytes=2 * n * n * 4,
-        reps={v: (30, 3) for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+        reps={v: (30, 3) for v in ("megak", "separate", "graph", "graph_pdl", "torch",
+                                   "torch_graph")})
 
 
 def w5(rows: int = 16384, cols: int = 16384) -> Workload:
@@ -522,7 +524,8 @@ def w5(rows: int = 16384, cols: int = 16384) -> Workload:
         metric="GB/s", work=2.0 * nbytes, build=build, make_inputs=make_inputs,
         reference=reference, check=check, torch_case=torch_case,
         working_set_bytes=2 * nbytes,
-        reps={v: (30, 3) for v in ("megak", "separate", "graph", "torch", "torch_graph")})
+        reps={v: (30, 3) for v in ("megak", "separate", "graph", "graph_pdl", "torch",
+                                   "torch_graph")})
 
 
 # W6 (host) ----------------------------------------------------------------------------------
@@ -710,7 +713,7 @@ QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-c
          "W7-call-copy")
 
 VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "megak_resident", "separate",
-            "graph", "torch", "torch_graph")
+            "graph", "graph_pdl", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
@@ -725,6 +728,10 @@ VARIANT_DESCRIPTIONS = {
                 "stream order as the dependency (Bench.time_separate)",
     "graph": "the separate launches captured once in a CUDA graph and replayed "
              "(Bench.time_separate(graph=True))",
+    "graph_pdl": "the same CUDA graph with programmatic dependent launch: each launch right "
+                 "after the previous op's launch (not one behind a combine-counter memset) "
+                 "starts while that op runs and waits in griddepcontrol.wait until it has "
+                 "completed (Bench.time_separate(graph=True, pdl=True))",
     "torch": "torch eager (cuBLAS for GEMMs, TF32 off), into preallocated outputs (W7: + "
              "torch.cuda.synchronize() per call, wall-clock)",
     "torch_graph": "the same torch calls captured in a torch.cuda.CUDAGraph and replayed (W7: "

@@ -75,18 +75,17 @@ def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue
         head += (": waited for this SM's previous instructions to finish (not a counter): one "
                  "ran past the deadline")
     elif code == abi.ERRORS["MK_ERR_TIMEOUT"]:
-        head += (f": waited for counter {rec['counter']} to reach {rec['expected']}, "
-                 f"observed {rec['observed']}")
+        head += ": waited for " + _wait_text(rec)
     lines = [head]
     have_queues = instrs is not None and queue_start is not None and len(states) > 0
     if code == abi.ERRORS["MK_ERR_TIMEOUT"] and have_queues and not own_sm:
-        lines.append(f"  producers of counter {rec['counter']}: "
+        lines.append(f"  producers of {_waited_on(rec['counter'])}: "
                      + _producers(rec["counter"], instrs, queue_start, states, label))
     stuck = [(sm, s) for sm, s in enumerate(states)
              if s["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] and sm != rec["sm"]]
     for sm, s in stuck[:16]:
         line = (f"  SM {sm}: queue index {s['queue_index']} ({label(s['op_index'])}) "
-                f"waits for counter {s['counter']} = {s['expected']}, observed {s['observed']}")
+                f"waits for {_wait_text(s)}")
         if have_queues:
             line += "; producers: " + _producers(s["counter"], instrs, queue_start, states,
                                                  label)
@@ -97,16 +96,36 @@ def raise_for_status(status, sm_states, op_labels: list[str], instrs=None, queue
     raise cls("\n".join(lines), rec, states)
 
 
+def _waited_on(counter: int) -> str:
+    """What a wait record's counter field names: a counter, or (MK_FLAG_WAIT | slot) the
+    flagged words of a tensor slot (device/flag.cuh)."""
+    if counter & abi.FLAG_WAIT:
+        return f"the flagged words of tensor slot {counter & (abi.FLAG_WAIT - 1)}"
+    return f"counter {counter}"
+
+
+def _wait_text(rec: dict) -> str:
+    if rec["counter"] & abi.FLAG_WAIT:
+        return (f"{_waited_on(rec['counter'])} to carry this run's stamp {rec['expected']}, "
+                f"observed stamp {rec['observed']}")
+    return f"counter {rec['counter']} to reach {rec['expected']}, observed {rec['observed']}"
+
+
 def _producers(counter: int, instrs, queue_start, states: list[dict], label, most: int = 4) -> str:
-    """Which instructions signal `counter`, and whether each has run: a producer that never
-    ran and waits itself shows the cycle; one that is simply missing shows a lost signal."""
+    """Which instructions signal `counter` (or write the flagged tensor it names), and
+    whether each has run: a producer that never ran and waits itself shows the cycle; one
+    that is simply missing shows a lost signal."""
     import numpy as np
-    n_sig = instrs["n_signals"].astype(np.int64)
-    mask = (np.arange(abi.MAX_SIGNALS)[None, :] < n_sig[:, None]) & \
-        (instrs["signal_counter"] == counter)
-    pos = np.nonzero(mask.any(axis=1))[0]
+    if counter & abi.FLAG_WAIT:
+        mask = instrs["tensor"][:, abi.ARG_OUT] == (counter & (abi.FLAG_WAIT - 1))
+        pos = np.nonzero(mask & (instrs["opcode"] != abi.OP_NOP))[0]
+    else:
+        n_sig = instrs["n_signals"].astype(np.int64)
+        mask = (np.arange(abi.MAX_SIGNALS)[None, :] < n_sig[:, None]) & \
+            (instrs["signal_counter"] == counter)
+        pos = np.nonzero(mask.any(axis=1))[0]
     if len(pos) == 0:
-        return "none: no instruction signals it (a missing producer)"
+        return "none: no instruction produces it (a missing producer)"
     qs = np.asarray(queue_start, dtype=np.int64)
     parts, pending = [], 0
     for p in pos:

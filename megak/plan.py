@@ -10,23 +10,35 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import abi
+from .dtypes import ITEMSIZE
+
+FLAG_WORD_BYTES = 8   # a flagged element: the fp32 value and its stamp in one 64-bit word
 
 
 @dataclass(frozen=True)
 class TensorSlot:
     """One entry of the tensor table. ``kind``: "input", "intermediate", or "unused" (no
     instruction writes or reads it: its op was dropped or fused away; it gets no memory);
-    outputs name slots."""
+    outputs name slots. ``flagged``: an fp32 intermediate held as 64-bit words, value and
+    stamp (scheduler.flagged_tensors)."""
+
     slot: int
     name: str
     rows: int
     cols: int
     dtype: str  # numpy dtype name, e.g. "float32"
     kind: str
+    flagged: bool = False   # held as data that is its own flag (MK_DTYPE_F32_FLAG: 8 B per
+                            # element, device/flag.cuh): an intermediate the scheduler picked
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.cols)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element as megak holds it."""
+        return FLAG_WORD_BYTES if self.flagged else ITEMSIZE[self.dtype]
 
 
 @dataclass

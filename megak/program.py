@@ -34,7 +34,7 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None,
-            n_pages: int | None = None, **options) -> "Program":
+            n_pages: int | None = None, data_flags: bool = True, **options) -> "Program":
     """Lower, schedule and encode `graph` into per-SM instruction queues, ready to run.
 
     backend: "cuda" (the graph as one persistent kernel on the GPU) or "sim" (the CPU
@@ -46,6 +46,10 @@ def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None
     n_pages: 16 KiB shared-memory pages per SM: an int from 1 to 32. Default: as many as fit
         in the device's opt-in shared memory per block on "cuda"; 13 on "sim", as on an
         H200. A graph op needing more pages than this is a GraphError.
+    data_flags: let small fp32 intermediates between copies and adds carry their own flags
+        (each element and the run's stamp in one 64-bit word, polled by its readers) instead
+        of a counter signalled after a release fence: one L2 round trip per dependent step
+        instead of three (README "How it works"). Default True; False: counters everywhere.
 
     Options, keywords: every backend accepts and checks all of them but uses only its own,
     so one call works on whichever backend is picked.
@@ -80,9 +84,11 @@ def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None
     else:
         default_sms, default_pages = DEFAULT_SIM_SMS, pages.DEFAULT_PAGES
         memory = None                   # this host's physical memory
+    if not isinstance(data_flags, bool):
+        raise GraphError(f"compile(): data_flags={data_flags!r} must be True or False")
     plan = scheduler.build_plan(graph, n_sm=default_sms if n_sm is None else n_sm,
                                 n_pages=default_pages if n_pages is None else n_pages,
-                                memory_bytes=memory)
+                                memory_bytes=memory, data_flags=data_flags)
     return Program(plan, backend, **options)
 
 

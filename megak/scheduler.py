@@ -15,7 +15,9 @@
        op       one for the whole producer op                target = its instruction count
 
    A consumer uses the finest level whose wait count fits in MK_MAX_WAITS (a GEMM tile
-   reading a 128-row band of a GEMM output waits on one row counter, not K/128 tiles);
+   reading a 128-row band of a GEMM output waits on one row counter, not K/128 tiles).
+   Small fp32 intermediates between ops that can poll them (flagged_tensors) carry their
+   own flags instead (device/flag.cuh): their edges have no counters in the records;
 3. place instructions on SMs by list scheduling: in global (topological) order, each goes to
    the SM that frees up first, so queue order follows a topological order of the dependency
    graph and the schedule is deadlock-free by construction;
@@ -60,9 +62,11 @@ MAX_INSTRUCTIONS = 1 << 24
 
 
 def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
-               memory_bytes: int | None = None) -> Plan:
+               memory_bytes: int | None = None, data_flags: bool = True) -> Plan:
     """Lower, place and check `graph` for `n_sm` SMs of `n_pages` pages each; refuse it when
-    its tensors need more than `memory_bytes` (default: this host's physical memory)."""
+    its tensors need more than `memory_bytes` (default: this host's physical memory).
+    `data_flags`: small intermediates between flag_io ops carry their own flags
+    (flagged_tensors) instead of counters."""
     graph.validate()
     if n_sm < 1:
         raise GraphError(f"n_sm must be >= 1, got {n_sm}")
@@ -75,6 +79,8 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         low = REGISTRY[op.kind].lower(op)
         pages.check_page_needs(low.pages, n_pages, op.label)
         lowered.append(low)
+    outputs = {t.index for t in graph.outputs.values()}
+    flagged = flagged_tensors(units, lowered, outputs) if data_flags else set()
 
     counts = np.array([low.n for low in lowered], dtype=np.int64)
     op_start = np.concatenate([[0], np.cumsum(counts)])
@@ -105,12 +111,15 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         for key, value in low.extra.items():
             rec[key] = value
 
-    # 2. dependencies
+    # 2. dependencies. The edges out of a flagged tensor's producer get counters too, but in a
+    # separate numbering (from VIRTUAL): placement and the deadlock check see every edge; the
+    # records keep only the real counters (flagged words are their own signal).
     blocks: dict[tuple[int, str], _CounterBlock] = {}
     n_counters = 0
+    n_virtual = 0
 
     def counter_block(producer: int, level: str) -> _CounterBlock:
-        nonlocal n_counters
+        nonlocal n_counters, n_virtual
         key = (producer, level)
         if key not in blocks:
             p = lowered[producer]
@@ -123,8 +132,12 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
                 target = np.full(nc, nr, dtype=np.int64)
             else:
                 target = np.array([nr * nc], dtype=np.int64)
-            blocks[key] = _CounterBlock(n_counters, len(target), target)
-            n_counters += len(target)
+            if units[producer].output.index in flagged:
+                blocks[key] = _CounterBlock(VIRTUAL + n_virtual, len(target), target)
+                n_virtual += len(target)
+            else:
+                blocks[key] = _CounterBlock(n_counters, len(target), target)
+                n_counters += len(target)
         return blocks[key]
 
     n_waits = np.zeros(total, dtype=np.int64)
@@ -159,6 +172,28 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
             used += options[level]
     ins["n_waits"] = n_waits
 
+    # combine counters of streamed GEMM bands: every part adds one per run (no waits, no
+    # signals: the last part to add runs the epilogue); their targets keep the epoch wrap
+    combine_targets = []
+    for op, low in zip(units, lowered):
+        if low.combine is None:
+            continue
+        s = slice(op_start[op.index], op_start[op.index + 1])
+        groups = int(low.combine.max()) + 1
+        ins["out_row0"][s] = n_counters + low.combine
+        parts = np.bincount(low.combine, minlength=groups)
+        combine_targets.append((n_counters, parts))
+        n_counters += groups
+
+    # the virtual counters after every real one: real ids never move
+    n_real = n_counters
+    for blk in blocks.values():
+        if blk.base >= VIRTUAL:
+            blk.base += n_real - VIRTUAL
+    wc = ins["wait_counter"]
+    ins["wait_counter"] = np.where(wc >= VIRTUAL, wc - VIRTUAL + n_real, wc)
+    n_counters = n_real + n_virtual
+
     # signals: each producer instruction signals the counters of every level someone uses
     n_sig = np.zeros(total, dtype=np.int64)
     for (unit, level), blk in sorted(blocks.items(), key=lambda kv: kv[1].base):
@@ -178,19 +213,6 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         ins["signal_counter"][s] = sc
         n_sig[s] += 1
     ins["n_signals"] = n_sig
-
-    # combine counters of streamed GEMM bands: every part adds one per run (no waits, no
-    # signals: the last part to add runs the epilogue); their targets keep the epoch wrap
-    combine_targets = []
-    for op, low in zip(units, lowered):
-        if low.combine is None:
-            continue
-        s = slice(op_start[op.index], op_start[op.index + 1])
-        groups = int(low.combine.max()) + 1
-        ins["out_row0"][s] = n_counters + low.combine
-        parts = np.bincount(low.combine, minlength=groups)
-        combine_targets.append((n_counters, parts))
-        n_counters += groups
 
     counter_targets = np.zeros(n_counters, dtype=np.uint32)
     for blk in blocks.values():
@@ -212,7 +234,8 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
     written |= {t.index for u in units for t in u.inputs if isinstance(t, Hidden)}
     tensors = [TensorSlot(t.index, t.name or f"t{t.index}", t.rows, t.cols, t.dtype,
                           "input" if t.producer is None
-                          else "intermediate" if t.index in written else "unused")
+                          else "intermediate" if t.index in written else "unused",
+                          flagged=t.index in flagged)
                for t in list(graph.tensors) + hidden]
     plan = Plan(
         instrs=ins, queue_start=queue_start, tensors=tensors, n_counters=n_counters,
@@ -230,7 +253,58 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         stream_pages=stream_pages(ins, n_pages),
     )
     check_deadlock_free(plan, rank=rank)
+    if n_virtual:
+        # proven deadlock-free with the flagged edges; now the records lose them
+        drop_counters_from(plan.instrs, n_real)
+        plan.n_counters = n_real
+        plan.counter_targets = counter_targets[:n_real].copy()
+        check_deadlock_free(plan, rank=rank)
     return plan
+
+
+# Data as its own flag (device/flag.cuh) is for small tensors read by few instructions: each
+# reader polls every word it needs, 8 bytes per element, so past these sizes the counter's
+# one signal per tile is the cheaper hand-off.
+FLAG_MAX_ELEMENTS = 8192
+FLAG_MAX_READERS = 16
+VIRTUAL = 1 << 30   # counter ids of flagged edges while the plan is built (see build_plan)
+
+
+def flagged_tensors(units: list[Unit], lowered: list, outputs: set[int]) -> set[int]:
+    """Tensor slots to hold as data that is its own flag: fp32 intermediates (not graph
+    outputs, not hidden) of at most FLAG_MAX_ELEMENTS elements, written by a flag_io unit and
+    read only by flag_io units, at most FLAG_MAX_READERS instructions in all."""
+    readers: dict[int, set[int]] = {}
+    for u in units:
+        for t in u.inputs:
+            readers.setdefault(t.index, set()).add(u.index)
+    out = set()
+    for u in units:
+        t = u.output
+        if (not REGISTRY[u.kind].flag_io or isinstance(t, Hidden) or t.index in outputs
+                or t.dtype != "float32" or t.rows * t.cols > FLAG_MAX_ELEMENTS):
+            continue
+        rs = readers.get(t.index)
+        if (rs and all(REGISTRY[units[r].kind].flag_io for r in rs)
+                and sum(lowered[r].n for r in rs) <= FLAG_MAX_READERS):
+            out.add(t.index)
+    return out
+
+
+def drop_counters_from(ins: np.ndarray, first: int) -> None:
+    """Remove every wait on and signal of a counter >= `first` from the records, in place,
+    keeping the order of the others."""
+    for ids, count, width, targets in (("wait_counter", "n_waits", abi.MAX_WAITS, "wait_target"),
+                                       ("signal_counter", "n_signals", abi.MAX_SIGNALS, None)):
+        c = ins[ids].astype(np.int64)
+        keep = (np.arange(width)[None, :] < ins[count].astype(np.int64)[:, None]) & (c < first)
+        order = np.argsort(~keep, axis=1, kind="stable")   # kept entries first, in order
+        kept = np.take_along_axis(keep, order, axis=1)
+        ins[ids] = np.where(kept, np.take_along_axis(c, order, axis=1), 0)
+        if targets is not None:
+            t = ins[targets].astype(np.int64)
+            ins[targets] = np.where(kept, np.take_along_axis(t, order, axis=1), 0)
+        ins[count] = keep.sum(axis=1)
 
 
 def stream_pages(ins: np.ndarray, n_pages: int) -> int:

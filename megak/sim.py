@@ -24,6 +24,13 @@ written first (a missing dependency is an error here, not a flaky result), every
 by one instruction at a time, written and used only while its instruction holds it, and
 released exactly once by the instruction that acquired it.
 
+Data that is its own flag (device/flag.cuh): a flagged tensor keeps its values and a stamp
+per element across runs, as the device's words do. A run's stamp is the last one + 1 (never
+0, never reset, even when a run fails); a compute role whose instruction reads flagged words
+polls them (it does not move) until every word it will read carries this run's stamp, and
+the op stamps what it writes. Reading a word of another stamp is a race, writing one twice in
+a run is a race, and a poll nobody will satisfy is a hang naming the tensor slot.
+
 Logical time: one tick per actor per round (``2 * n_sm`` ticks a round), so every
 transition has its own time and a consumer's wait always ends after its producer's store.
 """
@@ -127,6 +134,11 @@ class SimExecutor:
         self.debug = debug
         self.counters = np.zeros(max(plan.n_counters, 1), dtype=np.uint32)
         self.epoch = 0
+        self.stamp = 0       # the last run's stamp (flagged words); never reset
+        # flagged tensors live across runs, as on the device: slot -> (values, stamps)
+        self._flag_words = {t.slot: (np.zeros(t.shape, dtype=np.float32),
+                                     np.zeros(t.shape, dtype=np.uint32))
+                            for t in plan.tensors if t.flagged}
         self._run_bytes = self._stream_checked = None   # the queues the ring model last ran
         self.last_peak_pages: list[int] = []
         self.last_page_intervals: list[list[tuple]] = []
@@ -155,7 +167,10 @@ class SimExecutor:
         written = []
         for slot in plan.tensors:
             dtype = numpy_dtype(slot.dtype)
-            if slot.slot in inputs:
+            if slot.flagged:                # values and stamps persist; stamps say what is valid
+                tensors.append(self._flag_words[slot.slot][0])
+                written.append(None)
+            elif slot.slot in inputs:
                 tensors.append(np.array(inputs[slot.slot], dtype=dtype, copy=True)
                                .reshape(slot.shape))
                 written.append(None)
@@ -166,6 +181,10 @@ class SimExecutor:
                 tensors.append(np.full(slot.shape, np.nan, dtype=dtype))  # poison
                 written.append(np.zeros(slot.shape, dtype=bool))
         self._events = np.zeros(len(instrs), dtype=abi.TRACE_DTYPE) if trace else None
+        # this run's stamp, spent whatever the outcome (a failed run's words must never pass
+        # for a later run's)
+        self._stamp = self.stamp + 1 if self.stamp + 1 < 1 << 32 else 1
+        self.stamp = self._stamp
         try:
             self._execute(instrs, tensors, written)
         except _Stop as stop:
@@ -195,6 +214,7 @@ class SimExecutor:
         self.last_peak_pages = peak
         self.last_page_intervals = intervals
         done = [len(queues[s]) == 0 for s in range(n_sm)]
+        polling: list[tuple | None] = [None] * n_sm   # compute: (instr, slot, stamp seen)
         epoch = self.epoch
         self._epoch = epoch
         if self._stream_checked != self._run_bytes:   # once per set of queues, not per run
@@ -337,6 +357,11 @@ class SimExecutor:
             rec = cur.rec
             phases = cur.plan.phases or _page_plan.NO_PAGES.phases
             if cur.phase < 0:
+                # flagged words: the compute warps poll until all carry this run's stamp
+                pending = self._flag_pending(rec, tensors)
+                polling[s] = None if pending is None else (cur,) + pending
+                if pending is not None:
+                    return False
                 # the op's reads all happen in its first phase
                 check_held(s, cur, phases[0][0] if phases else (), "compute phase 0 uses")
                 mark(s, cur, "MK_T_LOADED")
@@ -387,7 +412,7 @@ class SimExecutor:
                 rounds += 1
                 if not moved:
                     live = [s for s in range(n_sm) if not done[s]]
-                    self._report_hang(live, loading, ld_next, epoch, states, stop)
+                    self._report_hang(live, loading, ld_next, epoch, states, stop, polling)
         finally:
             for s in range(n_sm):
                 intervals[s] = [tuple(iv) for iv in intervals[s]]
@@ -402,11 +427,22 @@ class SimExecutor:
         dtype_a = self.plan.tensors[a].dtype if a < len(self.plan.tensors) else "float32"
         return _page_plan.page_plan(rec, dtype_a)
 
-    def _report_hang(self, live, loading, ld_next, epoch, states, stop):
-        # nothing moved: every live SM's compute role waits for its loader, and the loader
-        # waits either for a counter (a hang) or for pages that no instruction will release
+    def _report_hang(self, live, loading, ld_next, epoch, states, stop, polling):
+        # nothing moved: every live SM's compute role waits for its loader, or polls a
+        # flagged word nobody will write, and the loader waits either for a counter (a hang)
+        # or for pages that no instruction will release
         counters = self.counters
         first = None
+        for s in live:
+            if polling[s] is None:
+                continue
+            cur, slot, seen = polling[s]
+            rec = cur.rec
+            states[s].update(queue_index=cur.q, opcode=int(rec["opcode"]),
+                             op_index=int(rec["op_index"]), counter=abi.FLAG_WAIT | slot,
+                             expected=self._stamp, observed=seen, error=_TIMEOUT)
+            if first is None:
+                first = _Stop(_TIMEOUT, s, cur.q, rec, abi.FLAG_WAIT | slot, self._stamp, seen)
         for s in live:
             cur = loading[s]
             if cur is None:
@@ -449,9 +485,12 @@ class SimExecutor:
                or any(int(rec["signal_counter"][k]) >= plan.n_counters
                       for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS))))
         if not bad and op is not None:
-            bad = (any(int(rec["tensor"][k]) >= len(plan.tensors)
-                       for k in range(abi.MAX_TENSORS) if op.operand_mask >> k & 1)
-                   or int(rec["pages"]) < op.min_pages(rec) or not op.check_record(rec))
+            slots = [int(rec["tensor"][k]) for k in range(abi.MAX_TENSORS)
+                     if op.operand_mask >> k & 1]
+            bad = (any(t >= len(plan.tensors) for t in slots)
+                   or int(rec["pages"]) < op.min_pages(rec) or not op.check_record(rec)
+                   # only flag_io ops know flagged words (the device's debug check)
+                   or (not op.flag_io and any(plan.tensors[t].flagged for t in slots)))
         if bad:
             stop(_Stop(abi.ERRORS["MK_ERR_BAD_DESCRIPTOR"], s, q, rec))
 
@@ -466,11 +505,50 @@ class SimExecutor:
             else:
                 reads = op.simulate(rec, tensors)
         self._check_reads(s, cur, rec, reads, written, "it read")
+        out = int(rec["tensor"][abi.ARG_OUT])
+        if out in self._flag_words:
+            # the op's stores carry this run's stamp, one store per word per run
+            r0, r1, c0, c1 = op.written(rec)
+            stamps = self._flag_words[out][1][r0:r1, c0:c1]
+            if (stamps == self._stamp).any():
+                raise MegakernelError(
+                    f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): it "
+                    f"writes flagged words of tensor slot {out} (rows {r0}:{r1}, cols "
+                    f"{c0}:{c1}) that this run already wrote (one store per word per run)")
+            stamps[...] = self._stamp
+
+    def _flag_pending(self, rec, tensors):
+        """(slot, stamp seen) of the first flagged word the record will read that does not
+        carry this run's stamp yet; None when all do (or it reads none)."""
+        if not self._flag_words:
+            return None
+        op = BY_OPCODE.get(int(rec["opcode"]))
+        if op is None or not op.flag_io:
+            return None
+        for arg, r0, r1, c0, c1 in op.reads(rec, tensors):
+            slot = int(rec["tensor"][arg])
+            if slot in self._flag_words:
+                stamps = self._flag_words[slot][1][r0:r1, c0:c1]
+                stale = stamps != self._stamp
+                if stale.any():
+                    return slot, int(stamps[stale][0])
+        return None
 
     def _check_reads(self, s, cur, rec, reads, written, how: str) -> None:
-        """Every region read was completely written before (graph inputs always are)."""
+        """Every region read was completely written before (graph inputs always are);
+        flagged words, in this run."""
         for arg, r0, r1, c0, c1 in reads:
-            w = written[int(rec["tensor"][arg])]
+            slot = int(rec["tensor"][arg])
+            if slot in self._flag_words:
+                stamps = self._flag_words[slot][1][r0:r1, c0:c1]
+                if (stamps != self._stamp).any():
+                    raise MegakernelError(
+                        f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): "
+                        f"{how} flagged words of tensor slot {slot} (rows {r0}:{r1}, cols "
+                        f"{c0}:{c1}) that do not carry this run's stamp {self._stamp} (stale: "
+                        f"read without polling them)")
+                continue
+            w = written[slot]
             if w is not None and not w[r0:r1, c0:c1].all():
                 raise MegakernelError(
                     f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): {how} "

@@ -23,8 +23,8 @@ def result(workload, variant, us, metric="us", work=0.0, check="exact"):
 def doc():
     flops = 2.0 * 8192 ** 3
     res = [result("W1", v, us, "us/op", 1000) for v, us in
-           (("megak", 700.0), ("separate", 5000.0), ("graph", 1000.0), ("torch", 6000.0),
-            ("torch_graph", 1100.0))]
+           (("megak", 700.0), ("separate", 5000.0), ("graph", 1000.0), ("graph_pdl", 1050.0),
+            ("torch", 6000.0), ("torch_graph", 1100.0))]
     res += [result("W3-8192-fp32", "megak", 30000.0, "TFLOP/s", flops),
             result("W3-8192-fp32", "torch", 21000.0, "TFLOP/s", flops),
             result("W2-1024x16-fp32", "megak", 60.0), result("W2-1024x16-fp32", "graph", 90.0),
@@ -258,6 +258,18 @@ def test_markdown(doc):
     assert "Note: 1000 ops on 132 SMs" in md
     assert md.split("## Memory audit (Nsight Compute)")[1].strip().startswith("| op | grid |")
     assert "Quick smoke run" not in md
+
+
+def test_markdown_hop_section(doc):
+    assert "The dependent hop" not in R.render_markdown(doc)   # not measured: no section
+    doc["hop"] = {"n_hops": 1000, "sm_count": 132, "reps": 20, "word_us": 0.251,
+                  "flag_us": 0.67, "ratio": 2.67}
+    md = R.render_markdown(doc)
+    hop = md.split("### The dependent hop (benchmarks/hop.py)")[1].split("##")[0]
+    assert "| data as its own flag (one 64-bit word, value + epoch, relaxed) | 0.251 |" in hop
+    assert "| separate flag (release / acquire) | 0.670 |" in hop
+    assert "| megak W1 (a copy instruction per hop, whole megakernel) | 0.700 |" in hop
+    assert "2.67x" in hop
 
 
 def test_markdown_quick_and_no_audit(doc):
@@ -679,8 +691,10 @@ class SimBench:
     def time_megakernel(self, reps, warmup, flush_l2, trace=False):
         return self._runs("megak_trace" if trace else "megak", reps, warmup)
 
-    def time_separate(self, reps, warmup, flush_l2, graph=False):
-        return self._runs("graph" if graph else "separate", reps, warmup)
+    def time_separate(self, reps, warmup, flush_l2, graph=False, pdl=False):
+        assert graph or not pdl
+        return self._runs("graph_pdl" if pdl else "graph" if graph else "separate", reps,
+                          warmup)
 
     def outputs(self):
         return self.out
@@ -695,7 +709,7 @@ def test_flow_times_and_checks_every_variant(rng):
                                            log=lambda *a: None, backend="sim",
                                            bench_cls=SimBench)
     assert fails == [] and "12 ops on" in notes[0]
-    assert [r["variant"] for r in res] == ["megak", "separate", "graph"]
+    assert [r["variant"] for r in res] == ["megak", "separate", "graph", "graph_pdl"]
     for r in res:
         assert r["reps"] == R.QUICK_REPS[0] and r["median_us"] == 11.0
         assert r["value"] == pytest.approx(11.0 / 12) and r["check"] == "exact"
@@ -707,8 +721,164 @@ def test_flow_never_reports_a_variant_that_skipped_work(rng):
     w = W.w2(hidden=64, layers=2)
     res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                        log=lambda *a: None, backend="sim", bench_cls=Lazy)
-    assert [r["variant"] for r in res] == ["megak", "megak_trace", "graph"]
+    assert [r["variant"] for r in res] == ["megak", "megak_trace", "graph", "graph_pdl"]
     assert fails[0]["variant"] == "separate" and "non-finite" in fails[0]["error"]
+
+
+def test_flow_catches_a_graph_pdl_run_that_skipped_work(rng):
+    class Lazy(SimBench):
+        lazy = ("graph_pdl",)
+    res, fails, _ = R.run_gpu_workload(W.w1(n_ops=6), quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=Lazy)
+    assert [r["variant"] for r in res] == ["megak", "separate", "graph"]
+    assert [f["variant"] for f in fails] == ["graph_pdl"] and "not exact" in fails[0]["error"]
+
+
+# ---- the graph_pdl variant: offered where graph is, timed by Bench, compared as a peer ----------
+
+def test_graph_pdl_is_offered_wherever_graph_is():
+    assert W.VARIANTS.index("graph_pdl") == W.VARIANTS.index("graph") + 1
+    assert "graph_pdl" not in R.MEGAK_VARIANTS and "graph_pdl" not in W.CALL_VARIANTS
+    assert "programmatic dependent launch" in W.VARIANT_DESCRIPTIONS["graph_pdl"]
+    assert "pdl=True" in W.VARIANT_DESCRIPTIONS["graph_pdl"]
+    colors = [R.CHART_COLORS[v] for v in ("separate", "graph", "graph_pdl", "torch",
+                                          "torch_graph")]
+    assert len(set(colors)) == len(colors)
+    offered = [name for name in W.FACTORIES if isinstance(W.get(name), W.Workload)
+               and "graph" in W.get(name).reps]
+    assert "W1" in offered and all(n in offered for n in W.FACTORIES if n.startswith("W2-"))
+    for name in offered:
+        w = W.get(name)
+        assert w.reps["graph_pdl"] == w.reps["graph"], name
+    # the call path (W7) times neither
+    assert "graph_pdl" not in W.get("W7-call-mlp1024").reps
+
+
+def test_time_bench_variant_times_graph_pdl_as_a_pdl_graph():
+    calls = []
+
+    class Recorder:
+        def time_megakernel(self, **kw):
+            calls.append(("megakernel", kw))
+            return np.ones(kw["reps"])
+
+        def time_separate(self, **kw):
+            calls.append(("separate", kw))
+            return np.ones(kw["reps"])
+    for v in ("separate", "graph", "graph_pdl"):
+        R.time_bench_variant(Recorder(), v, reps=4, warmup=1, flush=True)
+    common = {"reps": 4, "warmup": 1, "flush_l2": True}
+    assert calls == [("separate", dict(common, graph=False)),
+                     ("separate", dict(common, graph=True)),
+                     ("separate", dict(common, graph=True, pdl=True))]
+    with pytest.raises(ValueError, match="graph_pdl"):
+        R.time_bench_variant(Recorder(), "graph_pdl2", reps=1, warmup=0, flush=True)
+
+
+def test_graph_pdl_is_a_peer_megak_is_compared_with(doc):
+    """On a W2 row where graph_pdl is the fastest alternative, it is the "best other" of the
+    megak row, of the targets table and of every other row."""
+    name = "W2-4096x8-bf16"
+    rows = [result(name, v, us) for v, us in (("megak", 120.0), ("graph", 150.0),
+                                              ("graph_pdl", 96.0), ("torch_graph", 109.0))]
+    sp = R.speeds({r["variant"]: r for r in rows})
+    assert sp["megak"]["best_other"] == "graph_pdl"
+    assert sp["megak"]["vs_best_other"] == pytest.approx(96.0 / 120.0)
+    assert sp["graph_pdl"]["vs_megak"] == pytest.approx(120.0 / 96.0)
+    assert sp["torch_graph"]["best_other"] == "graph_pdl"
+    doc["results"] += rows
+    md = R.render_markdown(doc)
+    summary = md.split("## Targets")[1].split("##")[0]
+    assert (f"| {name} | <= 70 us | 120.0 us | **missed by 50 us (71%)** | "
+            f"graph_pdl: 96.00 us | 0.80x |") in summary
+    table = md.split(f"### {name}")[1].split("###")[0]
+    assert "| graph_pdl | 3 | 96.00 | 96.00 | 1.25x | 1.00x | exact |" in table
+    assert "**graph_pdl**: the same CUDA graph with programmatic dependent launch" in md
+
+
+class _FakeLaunches:
+    """cuda.core.launch and memset32 stand-ins: what Bench._launch_ops enqueues, in order."""
+
+    def __init__(self, monkeypatch):
+        import cuda.core
+
+        from megak.runtime import bench as B
+        self.events = []
+        monkeypatch.setattr(cuda.core, "launch",
+                            lambda stream, cfg, kernel, params, first:
+                            self.events.append(("launch", int(first), cfg)))
+        monkeypatch.setattr(B.mem, "memset32", lambda ptr, value, n, h:
+                            self.events.append(("memset", ptr, value, n)))
+
+
+def _bench_without_gpu(op_ranges, combining=()):
+    from types import SimpleNamespace
+
+    from megak.runtime.bench import Bench, op_launch_configs
+    b = Bench.__new__(Bench)   # no program, no GPU: the launch sequence only
+    b.ex = SimpleNamespace(_dev_buf={"counters": SimpleNamespace(ptr=0x1000)},
+                           plan=SimpleNamespace(n_counters=5))
+    b._h, b._stream, b._op_kernel = 7, "stream", "kernel"
+    b._op_params = SimpleNamespace(ptr=0x2000)
+    b._op_ranges, b._combining_ops = op_ranges, set(combining)
+    b._op_configs = op_launch_configs(op_ranges)
+    b._graphs = {}
+    return b
+
+
+def test_op_launch_configs_carry_the_pdl_attribute():
+    from megak import abi, pages
+    from megak.runtime.bench import op_launch_configs
+    (plain, pdl), = op_launch_configs([(3, 10, 6, 2)])
+    for cfg in (plain, pdl):
+        assert (cfg.grid, cfg.block) == ((6, 1, 1), (abi.THREADS, 1, 1))
+        assert cfg.shmem_size == pages.smem_bytes(2)
+    assert not plain.programmatic_stream_serialization
+    assert pdl.programmatic_stream_serialization
+
+
+def test_graph_pdl_launches_carry_the_pdl_attribute_after_the_first(monkeypatch):
+    """graph_pdl: every launch after the first is programmatic; the combine counters are
+    zeroed once, before the run (each combining op has its own), so no memset breaks the
+    chain of programmatic edges. graph / separate: the same sequence, no PDL at all."""
+    fake = _FakeLaunches(monkeypatch)
+    ranges = [(0, 0, 2, 1), (1, 2, 3, 1), (2, 5, 1, 1), (3, 6, 4, 2)]
+    b = _bench_without_gpu(ranges, combining=(2,))
+    b._launch_ops(pdl=True)
+    kinds = [(e[0], e[1]) for e in fake.events]
+    assert kinds == [("memset", 0x1000), ("launch", 0), ("launch", 2), ("launch", 5),
+                     ("launch", 6)]
+    pdl = [e[2].programmatic_stream_serialization for e in fake.events if e[0] == "launch"]
+    assert pdl == [False, True, True, True]
+    assert fake.events[0][2:] == (0, 5)   # every counter zeroed
+    fake.events.clear()
+    b._launch_ops(0)   # separate (and the graph's capture): the same sequence, no PDL
+    assert [(e[0], e[1]) for e in fake.events] == kinds
+    assert not any(e[2].programmatic_stream_serialization
+                   for e in fake.events if e[0] == "launch")
+    fake.events.clear()
+    _bench_without_gpu(ranges)._launch_ops(pdl=True)   # nothing combines: no memset
+    assert [e[0] for e in fake.events] == ["launch"] * 4
+
+
+def test_graph_pdl_needs_the_graph_and_close_frees_both_graphs(monkeypatch):
+    from types import SimpleNamespace
+
+    from megak.runtime import bench as B
+    b = _bench_without_gpu([(0, 0, 1, 1)])
+    with pytest.raises(ValueError, match="graph=True"):
+        b.time_separate(reps=1, warmup=0, graph=False, pdl=True)
+    freed = []
+    drv = SimpleNamespace(cuGraphExecDestroy=lambda e: freed.append(e),
+                          cuGraphDestroy=lambda g: freed.append(g))
+    monkeypatch.setattr(B, "_bindings", lambda: drv)
+    b._graphs = {False: ("g", "g-exec"), True: ("g-pdl", "g-pdl-exec")}
+    b._memory = SimpleNamespace(free=lambda buf: freed.append("params"))
+    b.close()
+    assert sorted(freed) == ["g", "g-exec", "g-pdl", "g-pdl-exec", "params"]
+    assert b._graphs == {}
+    b.close()   # twice: nothing left to free
+    assert len(freed) == 5
 
 
 def test_flow_records_the_weight_bandwidth_of_w2(rng):
@@ -717,7 +887,7 @@ def test_flow_records_the_weight_bandwidth_of_w2(rng):
     res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                        log=lambda *a: None, backend="sim", bench_cls=SimBench)
     assert fails == [] and [r["variant"] for r in res] == ["megak", "megak_trace", "separate",
-                                                            "graph"]
+                                                            "graph", "graph_pdl"]
     for r in res:
         assert r["weight_bytes"] == w.weight_bytes
         assert r["weights_tb_s"] == pytest.approx(w.weight_bytes / (r["median_us"] * 1e-6) / 1e12)
@@ -743,7 +913,7 @@ def test_flow_skips_timing_megak_when_its_run_is_wrong(rng, monkeypatch):
     monkeypatch.setattr(w, "check", check)
     res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                        log=lambda *a: None, backend="sim", bench_cls=SimBench)
-    assert [r["variant"] for r in res] == ["separate", "graph"]
+    assert [r["variant"] for r in res] == ["separate", "graph", "graph_pdl"]
     assert fails == [{"workload": w.name, "variant": "megak",
                       "error": "prog.run before timing: CheckError: wrong"}]
 
@@ -763,6 +933,10 @@ def test_main_end_to_end_on_the_simulator(monkeypatch, tmp_path, capsys):
         R.run_gpu_workload, backend="sim", bench_cls=SimBench))
     monkeypatch.setattr(W, "FACTORIES", {"W1": lambda: W.w1(n_ops=10),
                                          "W2-1024x16-fp32": lambda: W.w2(64, 2)})
+    from benchmarks import hop   # W1 brings the hop microbenchmark (a GPU kernel) along
+    fake_hop = {"n_hops": 1000, "sm_count": 4, "reps": 5, "word_us": 0.25, "flag_us": 0.5,
+                "ratio": 2.0}
+    monkeypatch.setattr(hop, "measure", lambda **kw: dict(fake_hop, **kw))
     rc = R.main(["--quick", "--only", "W1", "W2-1024x16-fp32", "--out-dir", str(tmp_path),
                  "--seed", "5"])
     assert rc == 0, capsys.readouterr()
@@ -770,8 +944,10 @@ def test_main_end_to_end_on_the_simulator(monkeypatch, tmp_path, capsys):
     doc = json.loads(js.read_text())
     R.validate_doc(doc)
     assert doc["quick"] and doc["seed"] == 5 and doc["failures"] == []
+    assert doc["hop"]["word_us"] == 0.25 and doc["hop"]["reps"] == 5
     assert {(r["workload"], r["variant"]) for r in doc["results"]} == {
-        (w, v) for w in ("W1-10x32", "W2-64x2-fp32") for v in ("megak", "separate", "graph")
+        (w, v) for w in ("W1-10x32", "W2-64x2-fp32")
+        for v in ("megak", "separate", "graph", "graph_pdl")
     } | {("W2-64x2-fp32", "megak_trace")}
     assert [s["variant"] for s in doc["skipped"]] == ["torch", "torch_graph"]
     md = (tmp_path / "RESULTS-quick.md").read_text()
@@ -787,7 +963,8 @@ def test_bf16_workloads_are_checked_on_the_simulator(rng, factory):
     assert w.name.endswith("-bf16")
     res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                        log=lambda *a: None, backend="sim", bench_cls=SimBench)
-    assert fails == [] and {r["variant"] for r in res} >= {"megak", "separate", "graph"}
+    assert fails == [] and {r["variant"] for r in res} >= {"megak", "separate", "graph",
+                                                           "graph_pdl"}
     # and a wrong bf16 result is caught: perturb one element by 4 bf16 ulps
     inputs = w.make_inputs(rng)
     ref = w.reference(inputs, rng)

@@ -37,7 +37,7 @@ def test_planted_missing_signal_is_reported_as_a_hang(rng):
     assert rec["opcode"] == abi.OPCODE_OF["copy"] and rec["op_index"] == 2
     msg = str(info.value)
     assert "copy #2" in msg and f"counter {counter}" in msg and "SM" in msg
-    assert "no instruction signals it (a missing producer)" in msg
+    assert "no instruction produces it (a missing producer)" in msg
     assert any(s["error"] == abi.ERRORS["MK_ERR_TIMEOUT"] for s in info.value.sm_states)
     # restored, the next run succeeds: counters were reset after the failure
     ins[i] = saved

@@ -4,7 +4,8 @@
 an fp32 gemm -> transpose -> copy, and in bf16 a chain of two streamed GEMMs (M = 16: the
 weights through the streamer warp's TMA ring across the two instructions) plus a 128-row
 tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
-the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16.
+the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16,
+and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh).
 The runs are made once as launches (prog.run) and once as requests of a resident kernel
 (megak.resident: the request ring, the relay and the per-request set-up).
 
@@ -60,24 +61,29 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     s = g.softmax(g.add(r, g.input("rv", (n,), "float32")), scale=0.5, causal=True)
     ln = g.layernorm(s, g.input("lw", (n,), "bfloat16"), g.input("lb", (n,), "float32"))
     g.output(g.rmsnorm(ln, g.input("rw", (n,), "bfloat16")), "norm")
+    f = g.input("f", FLAGGED, "float32")
+    f1 = g.copy(f)
+    f3 = g.copy(g.add(f1, g.input("fb", (FLAGGED[1],), "float32")))
+    g.output(g.add(f3, f1), "flagged")
     return g
 
 
 ROWS = (37, 150)   # row-wise ops: odd rows and a width past one warp step (128 columns)
+FLAGGED = (3, 21)  # the flagged chain: more elements than one warp, fewer than the 256 threads
 
 
-def check_rowwise(g, inputs: dict, got) -> tuple[bool, str]:
-    """The row-wise chain against float64 with each op's stated bound (tests/reference.py)."""
+def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
+    """Output `name` against float64 with each op's stated bound (tests/reference.py)."""
     from tests.reference import evaluate
-    value, bound = evaluate(g, inputs)[g.outputs["norm"].index]
+    value, bound = evaluate(g, inputs)[g.outputs[name].index]
     got = np.asarray(got, dtype=np.float64)
     if got.shape != value.shape or not np.isfinite(got).all():
-        return False, f"norm: shape {got.shape} or non-finite values (unwritten output?)"
+        return False, f"{name}: shape {got.shape} or non-finite values (unwritten output?)"
     err = np.abs(got - value)
     if (err > bound + 1e-30).any():
         i = int(np.argmax(err - bound))
-        return False, f"norm: error {err.flat[i]:.3e} exceeds bound {bound.flat[i]:.3e}"
-    return True, f"norm = rmsnorm(layernorm(softmax(r + rv))): max error {err.max():.3e}"
+        return False, f"{name}: error {err.flat[i]:.3e} exceeds bound {bound.flat[i]:.3e}"
+    return True, f"{what}: max error {err.max():.3e}"
 
 
 def check_bf16(got, a, b, what: str, relu: bool = False) -> tuple[bool, str]:
@@ -155,7 +161,9 @@ def main(argv=None) -> int:
                     "rv": rng.uniform(-1, 1, n).astype(np.float32),
                     "lw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16),
                     "lb": rng.uniform(-1, 1, n).astype(np.float32),
-                    "rw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16)}
+                    "rw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16),
+                    "f": rng.uniform(-1, 1, FLAGGED).astype(np.float32),
+                    "fb": rng.uniform(-1, 1, FLAGGED[1]).astype(np.float32)}
             if resident is None:
                 out = prog.run(a=a, b=b, **bf, **rows)
             else:
@@ -164,7 +172,10 @@ def main(argv=None) -> int:
                        check_bf16(out["h"], bf["x"], bf["w1"], "h = relu(x @ w1)", relu=True),
                        check_bf16(out["z"], out["h"], bf["w2"], "z = h @ w2"),
                        check_bf16(out["q"], bf["p"], bf["w1"], "q = p @ w1"),
-                       check_rowwise(g, {**rows, "a": a, "b": b, **bf}, out["norm"])]
+                       check_reference(g, {**rows, "a": a, "b": b, **bf}, out["norm"], "norm",
+                                       "norm = rmsnorm(layernorm(softmax(r + rv)))"),
+                       check_reference(g, {**rows, "a": a, "b": b, **bf}, out["flagged"],
+                                       "flagged", "flagged = copy(copy(f) + fb) + copy(f)")]
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",

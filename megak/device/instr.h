@@ -158,8 +158,17 @@ enum mk_activation {
 
 enum mk_dtype {
     MK_DTYPE_F32 = 0,
-    MK_DTYPE_BF16 = 1             /* GEMM operands on tensor cores, fp32 accumulation */
+    MK_DTYPE_BF16 = 1,            /* GEMM operands on tensor cores, fp32 accumulation */
+    MK_DTYPE_F32_FLAG = 2         /* fp32 as data that is its own flag (device/flag.cuh): one
+                                     64-bit word per element, the value's bits low, the stamp
+                                     of the invocation that wrote it high; ld in words. Only
+                                     megak-owned intermediates the scheduler picks, read and
+                                     written only by ops with OpDef.flag_io */
 };
+
+/* sm_state.counter of a compute warp that polled a flagged word past its deadline: this bit |
+ * the tensor slot (expected: the stamp it waited for, observed: the stamp it saw) */
+enum mk_flag_wait { MK_FLAG_WAIT = 1073741824 };
 
 enum mk_error {
     MK_OK = 0,
@@ -263,7 +272,8 @@ typedef struct mk_params {
                              b < n_sm with a non-empty queue (the others leave at once) */
     mk_u32 stream_pages;  /* pages of the weight ring, the last ones of each block (0: the
                              program streams nothing); the allocator has n_pages - this */
-    mk_u32 pad;
+    mk_u32 stamp;         /* 0 from the host: each block sets its copy, the stamp of this
+                             invocation's flagged words, from run_state (flag.cuh) */
 } mk_params;
 
 /* What the device keeps between invocations of one program, in device memory. The last block
@@ -274,7 +284,8 @@ typedef struct mk_run_state {
     mk_u32 epoch;         /* the epoch of the next invocation */
     mk_u32 exited;        /* blocks of the running invocation that have finished */
     mk_u32 ticket_done;   /* the device's copy of host_view.ticket_done (no read over PCIe) */
-    mk_u32 pad;
+    mk_u32 stamp;         /* the stamp of the last invocation, whatever its outcome (0: none
+                             yet); never reset, unlike the epoch (device/flag.cuh) */
 } mk_run_state;
 
 /* What the host reads, in mapped pinned memory, written by the last block of each invocation

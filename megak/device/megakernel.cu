@@ -35,6 +35,7 @@
 #include "sync.cuh"
 #include "pages.cuh"
 #include "stream.cuh"
+#include "flag.cuh"
 #include "ops/copy.cuh"
 #include "ops/transpose.cuh"
 #include "ops/gemm.cuh"
@@ -608,10 +609,18 @@ __device__ __noinline__ void mk_compute()
         mk_op_run(s.ins, s.operand, pages);
         /* C3 */
         mk_compute_sync();
-        if (*reinterpret_cast<volatile mk_u32*>(&ctl.stream_error) != 0u) {
-            /* a ring wait of the op passed its deadline (the op raised ring_stop) */
+        if (*reinterpret_cast<volatile mk_u32*>(&ctl.stream_error) != 0u ||
+            *reinterpret_cast<volatile mk_u32*>(&ctl.op_stop.error) != (mk_u32)MK_OK) {
+            /* a ring wait of the op passed its deadline (the op raised ring_stop), or a poll
+             * of a flagged word failed (flag.cuh: its details are in op_stop) */
             if (tid == 0) {
-                mk_stop_info e = {MK_ERR_TIMEOUT, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};
+                mk_stop_info e = ctl.op_stop;
+                if (e.error == MK_OK)
+                    e = {MK_ERR_TIMEOUT, 0, 0, 0, 0, 0, 0};
+                e.queue_index = q;
+                e.opcode = s.ins.opcode;
+                e.op_index = s.ins.op_index;
+                atomicExch(&ctl.ring_stop, 1u);   /* the streamer stops and drains */
                 mk_stop(p, e);
             }
             return;
@@ -664,6 +673,8 @@ __device__ __forceinline__ bool mk_block_active(mk_u32 b, mk_u32 n_sm, mk_u32 q_
  *     the failure, zeroes the counters and restarts at epoch 0;
  *   - on success, moves to the next epoch, zeroing the counters first where the next epoch's
  *     targets, (epoch + 1) * max_target, would pass 2^31 (the signed wait test);
+ *   - stores this invocation's stamp, whatever the outcome (flag.cuh: a stamp is never
+ *     reused, so no word a failed invocation left can pass for a later one's);
  *   - resets the device status record for the next invocation;
  *   - after a system-scope fence, raises host_view->ticket_done to its ticket: a host that
  *     sees the ticket sees everything above. The next invocation of the program starts after
@@ -732,6 +743,7 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resid
     st->error = MK_OK;
     st->finished_blocks = 0u;
     rs->epoch = epoch;
+    rs->stamp = p.stamp;   /* advanced whatever the outcome: a stamp is never reused */
     rs->exited = 0u;
     /* a replayed graph carries an older ticket: keep the max */
     const mk_u32 newest = (int)(ticket - done_before) > 0 ? ticket : done_before;
@@ -759,12 +771,13 @@ __device__ __forceinline__ void mk_join_roles()
  * `tensors`, at `epoch` (the program's run state): its queue, a fresh page allocator and slot
  * barriers, and the check that the program's pages fit this launch's shared memory. False
  * (after mk_stop) when the block cannot run it. */
-__device__ bool mk_begin_invocation(const mk_tensor* tensors, mk_u32 epoch, mk_u32 ticket,
+__device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 ticket,
                                     mk_u32 q_begin, mk_u32 q_end)
 {
     mk_control& ctl = mk_ctl();
     ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
-    ctl.params.epoch = epoch;
+    ctl.params.epoch = run.x;
+    ctl.params.stamp = mk_next_stamp(run.y);
     ctl.ticket = ticket;
     ctl.n = q_end >= q_begin ? q_end - q_begin : 0u;
     ctl.q_begin = q_begin;
@@ -778,6 +791,7 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, mk_u32 epoch, mk_u
     }
     mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
     ctl.stream_error = 0;
+    ctl.op_stop.error = MK_OK;
     const unsigned char* page_array = mk_page_array(mk_smem);
     const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
     mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
@@ -795,11 +809,13 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, mk_u32 epoch, mk_u
     return true;
 }
 
-/* The epoch of the program's next invocation: its previous invocation's last block wrote it
- * before that kernel ended (or, resident, before it closed the request the relay waited for). */
-__device__ __forceinline__ mk_u32 mk_epoch_of(const mk_params& p)
+/* The epoch of the program's next invocation and the stamp of its last one (flag.cuh), both
+ * loads in flight together: its previous invocation's last block wrote them before that
+ * kernel ended (or, resident, before it closed the request the relay waited for). */
+__device__ __forceinline__ uint2 mk_run_of(const mk_params& p)
 {
-    return reinterpret_cast<const volatile mk_run_state*>(p.run_state)->epoch;
+    const volatile mk_run_state* rs = reinterpret_cast<const volatile mk_run_state*>(p.run_state);
+    return make_uint2(rs->epoch, rs->stamp);
 }
 
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
@@ -839,7 +855,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
     if (tid == 0) {
         ctl.params = *params;
         ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
-        stop = !mk_begin_invocation(tensors, mk_epoch_of(ctl.params), ticket, q_begin, q_end);
+        stop = !mk_begin_invocation(tensors, mk_run_of(ctl.params), ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {
         if (tid == 0)
@@ -937,7 +953,7 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
     const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(ctl.params.queue_start);
     const mk_u32 q_begin = b < n_sm ? queue_start[b] : 0u;
     const mk_u32 q_end = b < n_sm ? queue_start[b + 1] : 0u;
-    const mk_u32 epoch = mk_epoch_of(ctl.params);
+    const uint2 run = mk_run_of(ctl.params);
     if (!mk_block_active(b, n_sm, q_begin, q_end)) {
         ctl.request = MK_REQUEST_SKIP;
         return;
@@ -946,7 +962,7 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         mk_mbar_inval(&ctl.full[i]);
         mk_mbar_inval(&ctl.empty[i]);
     }
-    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), epoch,
+    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,
                                         ticket, q_begin, q_end);
     ctl.request = ok ? MK_REQUEST_RUN : MK_REQUEST_FAILED;
 }
@@ -1136,10 +1152,23 @@ megakernel_resident(const mk_resident_args a)
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record
  * params->instrs[first + b] with the same op code, no waits and no signals (stream order is
  * the dependency between launches), pages 0..n-1 of its own shared memory. An invalid record
- * is reported through the status record like the megakernel does, and the block exits. */
+ * is reported through the status record like the megakernel does, and the block exits.
+ *
+ * Programmatic dependent launch (the graph_pdl variant: launches with the programmatic
+ * stream serialization attribute; without it both instructions below are no-ops, so the
+ * separate and graph variants run as before). launch_dependents at entry lets the next
+ * launch start as soon as every block of this one is running: its blocks are placed and
+ * run their set-up while this op computes, then park in their own wait. griddepcontrol.wait
+ * returns when every prerequisite grid (the launch before) has completed and its memory
+ * operations are visible to this grid, so everything before it reads only what the host
+ * wrote (the record, params, the tensor table) and everything after it (the op's operands
+ * and outputs, a streamed GEMM's combine counters) is ordered after the op before, as stream
+ * order orders it. Every thread of every block waits, the error path too: a grid that could
+ * finish without waiting would let the launch after it overtake the launch before. */
 extern "C" __global__ void __launch_bounds__(MK_THREADS, 1)
 megak_op(const mk_params* params, mk_u32 first)
 {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     mk_control& ctl = mk_ctl();
     unsigned char* const page_array = mk_page_array(mk_smem);
     mk_slot& s = ctl.slot[0];
@@ -1153,7 +1182,11 @@ megak_op(const mk_params* params, mk_u32 first)
         ctl.params.counters = params->counters;
         ctl.params.epoch = params->epoch;
         ctl.params.stream_pages = 0;
+        /* flagged words: stream order already orders each launch after its producers, so
+         * any fixed stamp is this "invocation's" (flag.cuh) */
+        ctl.params.stamp = 1u;
         ctl.stream_error = 0;
+        ctl.op_stop.error = MK_OK;
         ctl.ring_stop = 0;
     }
     int stop = 0;
@@ -1180,6 +1213,7 @@ megak_op(const mk_params* params, mk_u32 first)
                 s.page[i] = (mk_u8)i;
         }
     }
+    asm volatile("griddepcontrol.wait;" ::: "memory");   /* the launch before is done */
     if (__syncthreads_or(stop))
         return;
     const mk_pages pages = {page_array, s.page};

@@ -83,6 +83,8 @@ struct mk_control {
     mk_u32 ring_stop;                  /* a compute role left early: the streamer drains */
     mk_u32 stream_last;                /* gemm_stream: this block finished its band's combine */
     mk_u32 stream_error;               /* gemm_stream: a ring wait passed its deadline */
+    mk_stop_info op_stop;              /* an op's failed poll of a flagged word (flag.cuh);
+                                          error MK_OK while none failed */
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");

@@ -34,6 +34,7 @@ class Add(RowBands, OpDef):
     name = "add"
     operands = (abi.ARG_A, abi.ARG_B)
     build = staticmethod(add)
+    flag_io = True
 
     def fuse(self, op, producer: Unit, position: int) -> Unit | None:
         """add(gemm(...), b) -> gemm(..., residual=b) (b full-shape) or gemm(..., bias=b) (b a
@@ -72,15 +73,21 @@ class Add(RowBands, OpDef):
     def check_record(self, rec) -> bool:
         return min(region(rec)) >= 0
 
+    def reads(self, rec, tensors):
+        r0, c0, rn, cn = region(rec)
+        # b has one row: broadcast (as the device decides, from b's row count)
+        one_row = tensors[rec["tensor"][abi.ARG_B]].shape[0] == 1
+        br0, br1 = (0, 1) if one_row else (r0, r0 + rn)
+        return ((abi.ARG_A, r0, r0 + rn, c0, c0 + cn), (abi.ARG_B, br0, br1, c0, c0 + cn))
+
     def simulate(self, rec, tensors):
         t = rec["tensor"]
         a, b, out = tensors[t[abi.ARG_A]], tensors[t[abi.ARG_B]], tensors[t[abi.ARG_OUT]]
-        r0, c0, rn, cn = region(rec)
-        # b has one row: broadcast (as the device decides, from b's row count)
-        br0, br1 = (0, 1) if b.shape[0] == 1 else (r0, r0 + rn)
-        v = a[r0:r0 + rn, c0:c0 + cn].astype(np.float32) + b[br0:br1, c0:c0 + cn].astype(np.float32)
-        out[r0:r0 + rn, c0:c0 + cn] = v.astype(out.dtype)
-        return ((abi.ARG_A, r0, r0 + rn, c0, c0 + cn), (abi.ARG_B, br0, br1, c0, c0 + cn))
+        reads = self.reads(rec, tensors)
+        (_, r0, r1, c0, c1), (_, br0, br1, _, _) = reads
+        v = a[r0:r1, c0:c1].astype(np.float32) + b[br0:br1, c0:c1].astype(np.float32)
+        out[r0:r1, c0:c1] = v.astype(out.dtype)
+        return reads
 
     def reference(self, op, args):
         (a, ea), (b, eb) = args

@@ -12,8 +12,10 @@ scheduler, the simulator, the page plans and the test references loop over the r
                       count                instructions `lower` will make (size cap, cheap)
                       lower                a unit -> records (regions, reads, cost)
                       early_operand        the input the loader may fetch before the waits
+                      flag_io              reads and writes flagged tensors (device/flag.cuh)
     sim, page_plan    page_plan            the pages the loader fills, phases, releases
     sim               check_record         record-only limits; simulate: run one record
+                      reads                flag_io ops: the regions simulate will read
     tests             reference            float64 value and an elementwise error bound
     device (instr.h)  opcode, pages,       MK_OP_<NAME>, MK_<NAME>_PAGES,
                       operand_mask         MK_<NAME>_OPERANDS
@@ -115,6 +117,10 @@ class OpDef:
     operands: tuple[int, ...] = ()  # mk_instr.tensor[] position of each unit input, in order
     early_operand: int | None = None  # input the loader may fetch before the waits (when it
                                       # has no producer): the record gets MK_FLAG_B_READY
+    flag_io: bool = False          # its device op reads and writes any fp32 operand in the
+                                   # flagged form (MK_DTYPE_F32_FLAG, device/flag.cuh): the
+                                   # scheduler may give such tensors that form when the
+                                   # producer and every reader have it; then `reads` is needed
 
     # -- from instr.h, never restated ---------------------------------------------------------
     @property
@@ -169,6 +175,11 @@ class OpDef:
     def simulate(self, rec, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
         """Execute one record on numpy tensors as the device does; return the regions read,
         (operand position, r0, r1, c0, c1) each."""
+        raise NotImplementedError(self.name)
+
+    def reads(self, rec, tensors: list[np.ndarray]) -> tuple[tuple, ...]:
+        """The regions `simulate` will read, (operand position, r0, r1, c0, c1) each, known
+        before it runs: the simulator polls flagged words there first (flag_io ops)."""
         raise NotImplementedError(self.name)
 
     def written(self, rec) -> tuple[int, int, int, int]:

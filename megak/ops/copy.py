@@ -29,6 +29,7 @@ class Copy(OpDef):
     name = "copy"
     operands = (abi.ARG_A,)
     build = staticmethod(copy)
+    flag_io = True
 
     def count(self, unit) -> int:
         x = unit.inputs[0]
@@ -49,11 +50,15 @@ class Copy(OpDef):
     def check_record(self, rec) -> bool:
         return min(int(rec["row0"]), int(rec["col0"]), int(rec["rows"]), int(rec["cols"])) >= 0
 
+    def reads(self, rec, tensors):
+        r0, c0, rn, cn = region(rec)
+        return ((abi.ARG_A, r0, r0 + rn, c0, c0 + cn),)
+
     def simulate(self, rec, tensors):
         x, out = tensors[rec["tensor"][abi.ARG_A]], tensors[rec["tensor"][abi.ARG_OUT]]
         r0, c0, rn, cn = region(rec)
         out[r0:r0 + rn, c0:c0 + cn] = x[r0:r0 + rn, c0:c0 + cn]
-        return ((abi.ARG_A, r0, r0 + rn, c0, c0 + cn),)
+        return self.reads(rec, tensors)
 
     def reference(self, op, args):
         value, bound = args[0]

@@ -10,6 +10,11 @@ the same thing from the same memory.
 "separate" launches one kernel per graph op: grid = that op's instructions, one block each,
 built from the same device op code as the megakernel (entry point megak_op, no waits or
 signals: stream order is the dependency), with the shared memory the op's pages need.
+"graph" captures those launches in a CUDA graph and replays it; "graph_pdl"
+(``time_separate(graph=True, pdl=True)``) captures them with programmatic dependent launch:
+every launch that follows a launch carries the programmatic stream serialization attribute
+(a programmatic edge in the graph), so its blocks start while the op before runs and wait in
+megak_op's griddepcontrol.wait until it has completed.
 """
 from __future__ import annotations
 
@@ -21,6 +26,17 @@ from . import memory as mem
 from .driver import _bindings, check
 
 L2_FLUSH_BYTES = 256 << 20   # several times the H200's 60 MB L2
+
+
+def op_launch_configs(op_ranges) -> list[tuple]:
+    """Per (op, first, count, pages) range: (plain config, PDL config) of its launch: grid =
+    its instructions, the shared memory its pages need. The PDL one sets the launch attribute
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1 (cuda.core >= 1.2's
+    programmatic_stream_serialization; built without a GPU)."""
+    from cuda.core import LaunchConfig
+    return [tuple(LaunchConfig(grid=count, block=abi.THREADS, shmem_size=pages.smem_bytes(need),
+                               programmatic_stream_serialization=pdl) for pdl in (False, True))
+            for _, _, count, need in op_ranges]
 
 
 class Bench:
@@ -48,7 +64,7 @@ class Bench:
         combining = (self._op_instrs["flags"] & abi.FLAG_STREAM).astype(bool) & (parts > 1)
         self._combining_ops = set(np.unique(ops[combining]).astype(int).tolist())
         self._op_kernel = None
-        self._graph_exec = None
+        self._graphs = {}   # pdl (bool) -> (CUgraph, CUgraphExec): graph and graph_pdl
 
     # -- data ---------------------------------------------------------------------------------
     def upload(self, **inputs) -> None:
@@ -102,12 +118,15 @@ class Bench:
         return times
 
     def time_separate(self, reps: int = 50, warmup: int = 5, flush_l2: bool = True,
-                      graph: bool = False) -> np.ndarray:
+                      graph: bool = False, pdl: bool = False) -> np.ndarray:
         """Microseconds of each run of the graph as one kernel launch per op (optionally
-        replayed from a CUDA graph of those launches)."""
+        replayed from a CUDA graph of those launches; with `pdl`, a graph whose launches
+        are joined by programmatic dependent launch: the graph_pdl variant)."""
+        if pdl and not graph:
+            raise ValueError("pdl=True times the graph_pdl variant: it needs graph=True")
         self._prepare_separate()
         if graph:
-            exec_ = self._capture_graph()
+            exec_ = self._capture_graph(pdl)
             drv = _bindings()
 
             def one(i):
@@ -152,34 +171,42 @@ class Bench:
         mem.memset32(ex._dev_buf["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
         self._sync()
         self._memory.free(host)
-        from cuda.core import LaunchConfig
-        self._op_configs = [LaunchConfig(grid=count, block=abi.THREADS,
-                                         shmem_size=pages.smem_bytes(need))
-                            for _, _, count, need in self._op_ranges]
+        self._op_configs = op_launch_configs(self._op_ranges)
 
-    def _launch_ops(self, i=None) -> None:
+    def _launch_ops(self, i=None, pdl: bool = False) -> None:
+        """Enqueue one run: a launch per op in graph order. With `pdl`, every launch after
+        the first carries the programmatic stream serialization attribute."""
         from cuda.core import launch
-        counters = self.ex._dev_buf["counters"]
-        for (op, first, count, need), cfg in zip(self._op_ranges, self._op_configs):
-            if op in self._combining_ops:
-                # the parts of a streamed band meet on a counter that starts from zero in
-                # every launch here (epoch 0: no run state between separate launches)
-                mem.memset32(counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
+        if self._combining_ops:
+            # the parts of a streamed band meet on a counter that starts from zero in every
+            # run here (epoch 0: no run state between separate launches); each op has its
+            # own counters, so one memset before the run serves them all
+            counters = self.ex._dev_buf["counters"]
+            mem.memset32(counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
+        for k, ((op, first, count, need), cfgs) in enumerate(zip(self._op_ranges,
+                                                                  self._op_configs)):
+            cfg = cfgs[1] if pdl and k > 0 else cfgs[0]
             launch(self._stream, cfg, self._op_kernel, self._op_params.ptr, np.uint32(first))
 
-    def _capture_graph(self):
-        if self._graph_exec is not None:
-            return self._graph_exec
+    def _capture_graph(self, pdl: bool = False):
+        """The CUDA graph of one run's launches (`_launch_ops(pdl=pdl)`), captured and
+        instantiated once per kind: graph and graph_pdl each keep their own exec."""
+        if pdl in self._graphs:
+            return self._graphs[pdl][1]
         drv = _bindings()
         mode = drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         check(drv.cuStreamBeginCapture(self._h, mode), "cuStreamBeginCapture")
         try:
-            self._launch_ops()
+            self._launch_ops(pdl=pdl)
         finally:
             graph = check(drv.cuStreamEndCapture(self._h), "cuStreamEndCapture")
-        self._graph = graph
-        self._graph_exec = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-        return self._graph_exec
+        try:
+            exec_ = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        except BaseException:
+            drv.cuGraphDestroy(graph)
+            raise
+        self._graphs[pdl] = (graph, exec_)
+        return exec_
 
     def _time(self, one, n: int, warmup: int, flush_l2: bool) -> np.ndarray:
         drv = _bindings()
@@ -222,10 +249,10 @@ class Bench:
 
     def close(self) -> None:
         drv = _bindings()
-        if self._graph_exec is not None:
-            drv.cuGraphExecDestroy(self._graph_exec)
-            drv.cuGraphDestroy(self._graph)
-            self._graph_exec = None
+        for graph, exec_ in self._graphs.values():   # graph and graph_pdl
+            drv.cuGraphExecDestroy(exec_)
+            drv.cuGraphDestroy(graph)
+        self._graphs.clear()
         for name in ("_flush", "_op_dev", "_op_params"):
             buf = getattr(self, name, None)
             if buf is not None:

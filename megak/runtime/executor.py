@@ -152,7 +152,8 @@ class _TensorBuffer:
         self.buf = buf
         self.ld = ld
         self.np_dtype = dtypes.numpy_dtype(slot.dtype)
-        self.poison = dtypes.POISON_WORD[slot.dtype]
+        # flagged words: stamp 0 is "never written", so a poisoned word is polled, not read
+        self.poison = 0 if slot.flagged else dtypes.POISON_WORD[slot.dtype]
 
     @property
     def padded_shape(self) -> tuple[int, int]:
@@ -365,7 +366,7 @@ class CudaExecutor:
         for t in plan.tensors:
             if t.kind == "unused":   # no instruction touches it: its table entry stays zero
                 continue
-            itemsize = dtypes.ITEMSIZE[t.dtype]
+            itemsize = t.itemsize
             ld = round_up(max(t.cols, 1), abi.TENSOR_ALIGN_BYTES // itemsize)
             layout.append((t, ld, round_up(t.rows * ld * itemsize, mem.DEVICE_ALIGN)))
         tensor_bytes = sum(n for _, _, n in layout)
@@ -424,7 +425,8 @@ class CudaExecutor:
             table[slot]["rows"] = tb.slot.rows
             table[slot]["cols"] = tb.slot.cols
             table[slot]["ld"] = tb.ld
-            table[slot]["dtype"] = dtypes.ABI_CODE[tb.slot.dtype]
+            table[slot]["dtype"] = (abi.DTYPE_F32_FLAG if tb.slot.flagged
+                                    else dtypes.ABI_CODE[tb.slot.dtype])
         image = np.zeros(self._table_bytes, dtype=np.uint8)
         tensor_maps.fill_table(image, self._n_tensors, table, sorted(self._stream_slots))
         self._table_image = image     # a binding's table starts from it (same maps elsewhere)
@@ -469,6 +471,10 @@ class CudaExecutor:
         b = self._dev_buf
         mem.memset32(b["counters"].ptr, 0, self._counter_capacity, self._h)
         mem.memset32(self._run_state.ptr, 0, abi.RUN_STATE_DTYPE.itemsize // 4, self._h)
+        # the stamps restart with the run state: no word may keep a stamp it will issue again
+        for tb in self._tensors.values():
+            if tb.slot.flagged:
+                mem.memset32(tb.buf.ptr, 0, tb.buf.nbytes // 4, self._h)
         mem.memset32(b["status"].ptr, 0, abi.STATUS_DTYPE.itemsize // 4, self._h)
         # an inactive block never writes its state: zero reads as "finished an empty queue"
         mem.memset32(b["sm_state"].ptr, 0, plan.n_sm * abi.SM_STATE_DTYPE.itemsize // 4, self._h)
@@ -495,7 +501,8 @@ class CudaExecutor:
         p["host_view"] = self._host_view_buf.device_ptr
         p["host_sm_state"] = self._host_sm_buf.device_ptr
         p["max_target"] = self._max_target
-        p["n_active"] = active_blocks(self.plan)
+        self._n_active = active_blocks(self.plan)   # kept: every wait() reports it
+        p["n_active"] = self._n_active
         p["stream_pages"] = self.plan.stream_pages
         mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
 
@@ -734,7 +741,7 @@ class CudaExecutor:
                 self.last_trace_events = ready[1]
             self._raise_pending()
             self.last_status = {"error": abi.ERRORS["MK_OK"],
-                                "finished_blocks": active_blocks(self.plan)}
+                                "finished_blocks": self._n_active}
             return ready[0] if ready is not None else {}
 
     def _copy_out(self, outputs, trace: bool) -> tuple[dict, np.ndarray | None]:
@@ -859,7 +866,7 @@ class CudaExecutor:
             if self._poison_src is not None:
                 for buf in self._poison_src:
                     self._memory.free(buf)
-            words = sorted(set(dtypes.POISON_WORD.values()))
+            words = sorted(set(dtypes.POISON_WORD.values()) | {0})
             self._poison_src = tuple(self._memory.pinned(need, "poison (host)") for _ in words)
             for buf, word in zip(self._poison_src, words):
                 buf.array(np.uint32, (need // 4,))[:] = word

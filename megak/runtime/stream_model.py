@@ -193,8 +193,10 @@ class Priority:
         return min(actors, key=rank)     # min keeps the first of equal ranks
 
 
-def _interleave(model, scheduler, max_steps: int) -> int:
-    """Runs model.actors (a list that grows) until every one is done; returns the steps."""
+def _interleave(model, scheduler, max_steps: int, violation=None) -> int:
+    """Runs model.actors (a list that grows) until every one is done; returns the steps.
+    `violation(message)`: the exception a deadlock raises (default: this model's rule 4)."""
+    violation = violation or (lambda message: ProtocolViolation(4, message))
     # An actor that meets one of its waits a second time with nothing changed anywhere has
     # gone round its whole polling loop: it would only repeat it, so it is not run again
     # until something changes. When every live actor is there, nothing ever will.
@@ -206,7 +208,7 @@ def _interleave(model, scheduler, max_steps: int) -> int:
             return steps
         ready = [a for a in live if a not in stalled]
         if not ready:
-            raise ProtocolViolation(4, "deadlock: " + "; ".join(
+            raise violation("deadlock: " + "; ".join(
                 f"{a.name} waits for {a.waiting}" for a in live))
         actor = scheduler.pick(ready)
         if actor.step():
@@ -216,7 +218,7 @@ def _interleave(model, scheduler, max_steps: int) -> int:
             stalled.add(actor)
         else:
             waits[actor].add(actor.waiting)
-    raise ProtocolViolation(4, f"no end within {max_steps} steps")
+    raise violation(f"no end within {max_steps} steps")
 
 
 # -- the weight ring --------------------------------------------------------------------------

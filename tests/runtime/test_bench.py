@@ -19,7 +19,7 @@ def mixed_graph():
     return g
 
 
-@pytest.mark.parametrize("variant", ["megak", "separate", "graph"])
+@pytest.mark.parametrize("variant", ["megak", "separate", "graph", "graph_pdl"])
 def test_timed_variants_compute_the_graph(variant):
     from megak.runtime.bench import Bench
     g = mixed_graph()
@@ -32,7 +32,8 @@ def test_timed_variants_compute_the_graph(variant):
         if variant == "megak":
             us = bench.time_megakernel(reps=5, warmup=2)
         else:
-            us = bench.time_separate(reps=5, warmup=2, graph=variant == "graph")
+            us = bench.time_separate(reps=5, warmup=2, graph=variant != "separate",
+                                     pdl=variant == "graph_pdl")
         assert us.shape == (5,) and (us > 0).all()
         out = bench.outputs()
         env = evaluate(g, inputs)

@@ -1,7 +1,8 @@
 /* MK_OP_ADD: out[r, c] = A[r, c] + B[r', c] for r in [row0, row0 + rows), c in [col0, col0 +
  * cols), with r' = r, or r' = 0 when B has one row (a row vector broadcast over A's rows:
  * decided by B's descriptor, the same rule as the simulator's). fp32 add (__fadd_rn), rounded
- * once to OUT's dtype; A, B, OUT each fp32 or bf16. No pages (MK_ADD_PAGES = 0).
+ * once to OUT's dtype; A, B, OUT each fp32 or bf16, or flagged fp32 (flag.cuh: small
+ * intermediates, one element per thread there). No pages (MK_ADD_PAGES = 0).
  * Operands: A, B, OUT (MK_ADD_OPERANDS).
  *
  * Shape: the region is one index space of (row, 4-column unit) pairs, thread t taking units
@@ -19,6 +20,7 @@
 #include "../pages.cuh"
 #include "../tensor.cuh"
 #include "../epilogue.cuh"
+#include "../flag.cuh"
 
 enum { MK_ADD_UNROLL = 4 };
 
@@ -27,13 +29,21 @@ __device__ __forceinline__ bool mk_add_check(const mk_instr& in)
     return in.row0 >= 0 && in.col0 >= 0 && in.rows >= 0 && in.cols >= 0;
 }
 
+/* fp32, bf16 or flagged (flag.cuh) */
+__device__ __forceinline__ bool mk_add_region_ok(const mk_tensor& t, long long r0, long long nr,
+                                                 long long c0, long long nc)
+{
+    return mk_tensor_region_ok(t, r0, nr, c0, nc) || mk_flag_region_ok(t, r0, nr, c0, nc);
+}
+
 __device__ __forceinline__ bool mk_add_check_operands(const mk_instr& in, const mk_tensor* op)
 {
     const mk_tensor& B = op[MK_ARG_B];
     const bool bcast = B.rows == 1;
-    return mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.col0, in.cols) &&
-           mk_tensor_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
-           mk_tensor_region_ok(B, bcast ? 0 : in.row0, bcast ? 1 : in.rows, in.col0, in.cols);
+    const long long br0 = bcast ? 0 : in.row0, bn = bcast ? 1 : in.rows;
+    return mk_add_region_ok(op[MK_ARG_A], in.row0, in.rows, in.col0, in.cols) &&
+           mk_add_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
+           mk_add_region_ok(B, br0, bn, in.col0, in.cols);
 }
 
 /* All 256 threads; in.rows, in.cols >= 1. */
@@ -81,7 +91,10 @@ __device__ __forceinline__ void mk_add_run(const mk_instr& in, const mk_tensor* 
     (void)pages;
     if (in.rows <= 0 || in.cols <= 0)
         return;
-    mk_add_body(in, op);
+    if (mk_flag_any(op, true))
+        mk_flag_elementwise<true>(in, op);   /* a small operand whose data is its flag */
+    else
+        mk_add_body(in, op);
 }
 
 #endif /* MEGAK_OP_ADD_CUH */

@@ -31,6 +31,8 @@
  *    STG), and the copy holds no pages, which stay free for the instruction in the other slot.
  *  - Small bodies (<= one unit per thread) skip the pipeline: one load, one store, the
  *    shortest dependent path (chains of tiny copies).
+ *  - A flagged operand (small intermediates, flag.cuh) takes the elementwise path there: one
+ *    element per thread, every thread's first poll issued at once.
  *  - Columns split into a scalar head, a float4 body and a scalar tail when A and OUT have the
  *    same 16-byte phase (always the case for megak-owned buffers); otherwise all scalar,
  *    still coalesced, registers only, with U = 16 loads in flight per thread.
@@ -42,6 +44,7 @@
 #include "../sync.cuh"
 #include "../pages.cuh"
 #include "../tensor.cuh"
+#include "../flag.cuh"
 
 /* The register pipeline's shape (MK_COPY_OPERANDS, MK_COPY_PAGES: instr.h). */
 enum {
@@ -57,11 +60,15 @@ __device__ __forceinline__ bool mk_copy_check(const mk_instr& in)
     return in.row0 >= 0 && in.col0 >= 0 && in.rows >= 0 && in.cols >= 0;
 }
 
-/* Debug mode: the region lies inside both tensors. */
+/* Debug mode: the region lies inside both tensors (each fp32, or flagged: flag.cuh). */
 __device__ __forceinline__ bool mk_copy_check_operands(const mk_instr& in, const mk_tensor* op)
 {
-    return mk_f32_region_ok(op[MK_ARG_A], in.row0, in.rows, in.col0, in.cols) &&
-           mk_f32_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols);
+    const mk_tensor& A = op[MK_ARG_A];
+    const mk_tensor& O = op[MK_ARG_OUT];
+    return (mk_f32_region_ok(A, in.row0, in.rows, in.col0, in.cols) ||
+            mk_flag_region_ok(A, in.row0, in.rows, in.col0, in.cols)) &&
+           (mk_f32_region_ok(O, in.row0, in.rows, in.col0, in.cols) ||
+            mk_flag_region_ok(O, in.row0, in.rows, in.col0, in.cols));
 }
 
 /* Copy a rows x cols rectangle of single floats through registers, U loads in flight per
@@ -177,6 +184,10 @@ __device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor*
     const int rows = in.rows, cols = in.cols;
     if (rows <= 0 || cols <= 0)
         return;
+    if (mk_flag_any(op, false)) {
+        mk_flag_elementwise<false>(in, op);   /* a small tensor whose data is its flag */
+        return;
+    }
     const float* s = reinterpret_cast<const float*>(A.ptr) + (mk_u64)in.row0 * A.ld + in.col0;
     float* d = reinterpret_cast<float*>(O.ptr) + (mk_u64)in.row0 * O.ld + in.col0;
 
