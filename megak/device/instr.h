@@ -60,6 +60,9 @@ enum mk_op_shapes {
     MK_GEMM_STAGE_ROWS = 32,   /* epilogue: staging rows of 128 fp32 per page, so a tile of
                                   fewer rows keeps fewer pages for its epilogue */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
+    MK_TRANSPOSE_MAX_TILES = 2, /* tiles one instruction takes side by side along its output
+                                  columns (a 128 x 256 region at most): the second tile's
+                                  loads are in flight while the first is stored */
     MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */

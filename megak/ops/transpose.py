@@ -1,7 +1,8 @@
-"""Transpose: out = x^T, lowered into TILE x TILE tiles in output coordinates (128, from
-instr.h); on the device each tile travels in registers as 4 x 4 blocks (MK_TRANSPOSE_PAGES = 0,
-no shared-memory hop): the whole tile's loads (64 KiB) are in flight at once, which is what
-sets the bandwidth."""
+"""Transpose: out = x^T, lowered into regions of TILE rows x up to MAX_TILES tiles of TILE
+columns in output coordinates (128 and 2, from instr.h); on the device each tile travels in
+registers as 4 x 4 blocks (MK_TRANSPOSE_PAGES = 0, no shared-memory hop), and the second
+tile's loads are in flight while the first is stored. Transposes too small to give every SM
+MAX_TILES tiles get one tile per instruction (more SMs busy)."""
 from __future__ import annotations
 
 from .. import abi
@@ -10,6 +11,7 @@ from ._lowering import Lowered, Region, cost_ns, edges, grid
 from .base import OpDef, region
 
 TILE = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
+MAX_TILES = abi.OP_SHAPES["MK_TRANSPOSE_MAX_TILES"]
 
 
 def transpose(self, x):
@@ -25,13 +27,20 @@ class Transpose(OpDef):
     operands = (abi.ARG_A,)
     build = staticmethod(transpose)
 
+    def expand(self, unit, ctx):
+        rows, cols = unit.output.shape
+        tiles = -(-rows // TILE) * -(-cols // TILE)
+        per = MAX_TILES if tiles >= MAX_TILES * ctx.n_sm else 1
+        return [unit.with_(attrs=dict(unit.attrs, tiles_per_instr=per))]
+
     def count(self, unit) -> int:
         rows, cols = unit.output.shape
-        return -(-rows // TILE) * -(-cols // TILE)
+        return -(-rows // TILE) * -(-cols // (TILE * unit.attrs.get("tiles_per_instr", 1)))
 
     def lower(self, unit) -> Lowered:
         rows, cols = unit.output.shape           # = (x.cols, x.rows)
-        row_edges, col_edges = edges(rows, TILE), edges(cols, TILE)
+        width = TILE * unit.attrs.get("tiles_per_instr", 1)
+        row_edges, col_edges = edges(rows, TILE), edges(cols, width)
         r0, rn, c0, cn = grid(row_edges, col_edges)
         # out[r0:r1, c0:c1] = x[c0:c1, r0:r1]^T
         reads = [Region(c0, c0 + cn, r0, r0 + rn)]
@@ -41,7 +50,7 @@ class Transpose(OpDef):
 
     def check_record(self, rec) -> bool:
         return (min(int(rec["row0"]), int(rec["col0"]), int(rec["rows"]), int(rec["cols"])) >= 0
-                and int(rec["rows"]) <= TILE and int(rec["cols"]) <= TILE)
+                and int(rec["rows"]) <= TILE and int(rec["cols"]) <= TILE * MAX_TILES)
 
     def simulate(self, rec, tensors):
         x, out = tensors[rec["tensor"][abi.ARG_A]], tensors[rec["tensor"][abi.ARG_OUT]]

@@ -24,7 +24,7 @@ def test_transpose_lowering_covers_output_once():
     low = transpose.OP.lower(g.ops[y.producer])
     cover = np.zeros((70, 130), dtype=int)
     for r0, rn, c0, cn in zip(*low.tile_regions()):
-        assert rn <= transpose.TILE and cn <= transpose.TILE
+        assert rn <= transpose.TILE and cn <= transpose.TILE * transpose.MAX_TILES
         cover[r0:r0 + rn, c0:c0 + cn] += 1
     assert (cover == 1).all()
     # each tile reads the mirrored region of x
@@ -32,3 +32,16 @@ def test_transpose_lowering_covers_output_once():
     r0, rn, c0, cn = low.tile_regions()
     np.testing.assert_array_equal(reads.r0, c0)
     np.testing.assert_array_equal(reads.c1, r0 + rn)
+
+
+@pytest.mark.parametrize("shape", [(300, 1100), (256, 512), (129, 640)])
+def test_transpose_of_several_tiles_per_instruction(backend, rng, shape):
+    """Few SMs for many tiles: MAX_TILES tiles side by side per instruction, the second's
+    loads in flight while the first is stored; partial tiles at the edges."""
+    g = megak.Graph()
+    x = g.input("x", shape, "float32")
+    g.output(g.transpose(x), "y")
+    prog = megak.compile(g, backend=backend, n_sm=2)
+    assert (prog.plan.instrs["cols"] > transpose.TILE).any()
+    inputs, out = check_graph(prog, g, rng, f"transpose {shape}")
+    np.testing.assert_array_equal(out["y"], inputs["x"].T)
