@@ -99,7 +99,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from . import stream_model
-from .resident_model import PROGRESS, Actor, RoundRobin
+from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin
 from .stream_model import RandomScheduler
 
 U32 = 0xFFFFFFFF
@@ -119,12 +119,9 @@ __all__ = ["FlagModel", "FlagOutcome", "Instr", "Invocation", "Priority", "Progr
            "payload", "random_program"]
 
 
-class ProtocolViolation(AssertionError):
+class ProtocolViolation(ModelViolation):
     """A check failed; `rule` is its number in the module docstring."""
-
-    def __init__(self, rule: int, message: str):
-        super().__init__(f"rule {rule} ({RULES[rule]}): {message}")
-        self.rule = rule
+    rules = RULES
 
 
 def _require(ok: bool, rule: int, message: str) -> None:

@@ -107,12 +107,18 @@ RULES = {
 }
 
 
-class ProtocolViolation(AssertionError):
-    """A check failed; `rule` is its number in the module docstring."""
+class ModelViolation(AssertionError):
+    """A check of a protocol model failed; `rule` is its number in the model's docstring
+    (each model subclasses it with its own `rules`)."""
+    rules: dict[int, str] = {}
 
     def __init__(self, rule: int, message: str):
-        super().__init__(f"rule {rule} ({RULES[rule]}): {message}")
+        super().__init__(f"rule {rule} ({self.rules[rule]}): {message}")
         self.rule = rule
+
+
+class ProtocolViolation(ModelViolation):
+    rules = RULES
 
 
 def _require(ok: bool, rule: int, message: str) -> None:

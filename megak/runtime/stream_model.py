@@ -118,7 +118,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import abi
-from .resident_model import PROGRESS, Actor, RoundRobin
+from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin
 
 WARPS = abi.THREADS // 32
 PAGE_BYTES = abi.PAGE_BYTES
@@ -143,12 +143,9 @@ __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarri
            "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "streamed"]
 
 
-class ProtocolViolation(AssertionError):
+class ProtocolViolation(ModelViolation):
     """A check failed; `rule` is its number in the module docstring."""
-
-    def __init__(self, rule: int, message: str):
-        super().__init__(f"rule {rule} ({RULES[rule]}): {message}")
-        self.rule = rule
+    rules = RULES
 
 
 def _require(ok: bool, rule: int, message: str) -> None:
