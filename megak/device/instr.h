@@ -249,8 +249,9 @@ typedef struct mk_status {
 
 /* Kernel parameter block, in device memory, written once per program (and per traced run).
  * The kernel takes a pointer to it, the tensor table of this launch's binding and the launch's
- * ticket, all by value: a launch carries no per-run data through memory, so it needs no copy
- * before it and can be captured in a CUDA graph. */
+ * ticket, all by value (and queue_start and run_state again, so that a block's set-up need not
+ * read this block first): a launch carries no per-run data through memory, so it needs no
+ * copy before it and can be captured in a CUDA graph. */
 typedef struct mk_params {
     mk_u64 instrs;        /* mk_instr[total]: all queues back to back */
     mk_u64 queue_start;   /* mk_u32[n_sm + 1]: queue s is instrs[start[s] .. start[s+1]) */

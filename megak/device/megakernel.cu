@@ -812,10 +812,15 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
 /* The epoch of the program's next invocation and the stamp of its last one (flag.cuh), both
  * loads in flight together: its previous invocation's last block wrote them before that
  * kernel ended (or, resident, before it closed the request the relay waited for). */
+__device__ __forceinline__ uint2 mk_run_of_state(const mk_run_state* run_state)
+{
+    const volatile mk_run_state* rs = run_state;
+    return make_uint2(rs->epoch, rs->stamp);
+}
+
 __device__ __forceinline__ uint2 mk_run_of(const mk_params& p)
 {
-    const volatile mk_run_state* rs = reinterpret_cast<const volatile mk_run_state*>(p.run_state);
-    return make_uint2(rs->epoch, rs->stamp);
+    return mk_run_of_state(reinterpret_cast<const mk_run_state*>(p.run_state));
 }
 
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
@@ -834,28 +839,39 @@ static_assert(MK_LOADER_REGS * 128 + MK_COMPUTE_REGS * MK_THREADS <= 65536,
 
 /* params: the program's parameter block; tensors: this launch's tensor table (megak's own, or
  * one with caller-owned memory bound in); ticket: the host's number for this launch, written
- * back into the host view when the invocation ends. */
+ * back into the host view when the invocation ends; queue_start, run_state: params->queue_start
+ * and params->run_state again, so that the set-up need not read params first. */
 extern "C" __global__ void __launch_bounds__(MK_BLOCK_THREADS, 1)
-megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket)
+megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
+           const mk_u32* queue_start, const mk_run_state* run_state)
 {
     mk_control& ctl = mk_ctl();
     const mk_u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const mk_u32 sm = blockIdx.x;
-    if (sm >= params->n_sm)
-        return;   /* more blocks than queues: nothing to run, nowhere to report */
-    /* Host-written before launch, read-only here: plain loads are fine. */
-    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(params->queue_start);
+    /* The block's set-up reads its queue bounds, the params and the run state: three loads
+     * with no address in common, so in flight together (one round trip, where reaching the
+     * bounds and the run state through params->queue_start and params->run_state took three
+     * dependent ones). They are the same buffers as params' (host-written before the launch,
+     * never moved). The host launches exactly params->n_sm blocks, so queue_start[sm + 1]
+     * exists; the check below stays for a grid that disagrees. */
+    const mk_u32 n_sm = params->n_sm;
     const mk_u32 q_begin = queue_start[sm], q_end = queue_start[sm + 1];
-    if (!mk_block_active(sm, params->n_sm, q_begin, q_end))
+    uint2 run = make_uint2(0u, 0u);
+    if (tid == 0) {
+        ctl.params = *params;
+        run = mk_run_of_state(run_state);
+    }
+    if (sm >= n_sm)
+        return;   /* more blocks than queues: nothing to run, nowhere to report */
+    if (!mk_block_active(sm, n_sm, q_begin, q_end))
         return;   /* an empty queue: this block takes no part in the invocation */
 
     /* 0. Set up. The stop decision travels by __syncthreads_or (the last use of barrier 0:
      * warps leave after it). */
     int stop = 0;
     if (tid == 0) {
-        ctl.params = *params;
         ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
-        stop = !mk_begin_invocation(tensors, mk_run_of(ctl.params), ticket, q_begin, q_end);
+        stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {
         if (tid == 0)

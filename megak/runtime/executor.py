@@ -507,14 +507,20 @@ class CudaExecutor:
         mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
 
     def _setup_launch_args(self) -> None:
-        """The kernel's three arguments as a void** array, built once: a launch only changes
-        the table pointer and the ticket in place (the driver copies them at launch)."""
+        """The kernel's five arguments as a void** array, built once: a launch only changes
+        the table pointer and the ticket in place (the driver copies them at launch). The
+        queue bounds' and the run state's addresses come beside params' (their buffers never
+        move), so a block's set-up need not read params first."""
         import ctypes
         self._arg_ptrs = (ctypes.c_uint64 * 2)(self._dev_buf["params"].ptr,
                                                self._dev_buf["tensors"].ptr)
         self._arg_ticket = (ctypes.c_uint32 * 1)(0)
+        self._arg_state = (ctypes.c_uint64 * 2)(self._dev_buf["queue_start"].ptr,
+                                                self._run_state.ptr)
         base = ctypes.addressof(self._arg_ptrs)
-        self._argv = (ctypes.c_void_p * 3)(base, base + 8, ctypes.addressof(self._arg_ticket))
+        state = ctypes.addressof(self._arg_state)
+        self._argv = (ctypes.c_void_p * 5)(base, base + 8, ctypes.addressof(self._arg_ticket),
+                                           state, state + 8)
         self._argv_addr = ctypes.addressof(self._argv)
         self._function = self._variant(False)[3]["function"]
         self._launch_kernel = _bindings().cuLaunchCooperativeKernel
