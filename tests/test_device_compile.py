@@ -155,3 +155,11 @@ def test_parse_ptxas_log():
     assert (other["registers"], other["spill_stores"] + other["spill_loads"],
             other["static_smem"]) == (40, 8, 16)
     assert compiler.parse_ptxas_log(log, "absent")["registers"] is None
+    k = compiler.CompiledKernel(cubin=b"x" * 10, log=log, arch="sm_90a", registers=168,
+                                spill_bytes=0, static_smem=0, from_cache=True, cache_key="k")
+    lines, problems = compiler.compile_report(k, ["megakernel", "other", "absent"], 0.25)
+    assert lines[0] == "NVRTC -> cubin for sm_90a: 10 bytes, 0.2 s (from cache)"
+    table = lines[lines.index(next(ln for ln in lines if ln.startswith("entry"))) + 1:]
+    assert table[0].split() == ["megakernel", "168", "0", "0", "0", "0"]
+    assert table[1].split() == ["other", "40", "4", "4", "8", "16"]
+    assert problems == ["other: spills", "absent: not in the ptxas log"]

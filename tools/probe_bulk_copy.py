@@ -96,7 +96,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
-from megak.runtime.compiler import compile_source, parse_ptxas_log  # noqa: E402
+from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
 
 PAGE = 16384
 MAX_SLOTS = 12
@@ -560,23 +560,8 @@ def ptxas_summary(compiled):
 def compile_only(arch):
     t0 = time.perf_counter()
     compiled = compile_probe(arch)
-    dt = time.perf_counter() - t0
-    print(f"NVRTC -> cubin for {arch}: {len(compiled.cubin)} bytes, {dt:.1f} s"
-          f"{' (from cache)' if compiled.from_cache else ''}")
-    print("ptxas info:")
-    for line in compiled.log.splitlines():
-        if line.strip():
-            print("  " + line.strip())
-    bad = []
-    print(f"{'entry':<14}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>7}{'smem':>7}")
-    for e, info in ptxas_summary(compiled).items():
-        if info["registers"] is None:
-            bad.append(f"{e}: not in the ptxas log")
-            continue
-        print(f"{e:<14}{info['registers']:>6}{info['spill_stores']:>10}{info['spill_loads']:>10}"
-              f"{info['stack_bytes']:>7}{info['static_smem']:>7}")
-        if info["spill_stores"] or info["spill_loads"]:
-            bad.append(f"{e}: spills")
+    lines, bad = compile_report(compiled, ENTRIES, time.perf_counter() - t0)
+    print("\n".join(lines))
     if bad:
         print("FAIL: " + "; ".join(bad))
         return 1

@@ -135,6 +135,39 @@ def function_spills(log: str, entry: str = KERNEL_NAME) -> dict[str, tuple[int, 
         r"stores, (\d+) bytes spill loads", block)}
 
 
+def compile_report(compiled: "CompiledKernel", entries,
+                   seconds: float | None = None) -> tuple[list[str], list[str]]:
+    """A compile-only check's report (the probes' --compile-only): the cubin's size, ptxas's
+    log, then per entry its registers, spills, stack and static smem and each non-inlined
+    function's spills. Returns (lines, problems): an entry missing from the log, or any
+    spill."""
+    took = f", {seconds:.1f} s" if seconds is not None else ""
+    lines = [f"NVRTC -> cubin for {compiled.arch}: {len(compiled.cubin)} bytes{took}"
+             f"{' (from cache)' if compiled.from_cache else ''}", "ptxas info:"]
+    lines += ["  " + ln.strip() for ln in compiled.log.splitlines() if ln.strip()]
+    log = compiled.log
+    width = max([len(e) for e in entries] + [5]) + 2
+    lines.append(f"{'entry':<{width}}{'regs':>6}{'spill st':>10}{'spill ld':>10}{'stack':>7}"
+                 f"{'smem':>7}")
+    problems = []
+    for e in entries:
+        info = parse_ptxas_log(log, e)
+        if info["registers"] is None:
+            problems.append(f"{e}: not in the ptxas log")
+            continue
+        lines.append(f"{e:<{width}}{info['registers']:>6}{info['spill_stores']:>10}"
+                     f"{info['spill_loads']:>10}{info['stack_bytes']:>7}{info['static_smem']:>7}")
+        if info["spill_stores"] or info["spill_loads"]:
+            problems.append(f"{e}: spills")
+        for fn, (st, ld) in function_spills(log, e).items():
+            if fn == e:
+                continue
+            lines.append(f"  function {fn}: spill stores {st} B, spill loads {ld} B")
+            if st or ld:
+                problems.append(f"{e}: {fn} spills")
+    return lines, problems
+
+
 # ---- cache ---------------------------------------------------------------------------------
 
 def default_cache_dir() -> Path:
