@@ -96,3 +96,14 @@ def test_help_explains_backend_counts_and_every_option():
     doc = megak.compile.__doc__
     for word in ("MEGAK_BACKEND", "n_sm", "n_pages", "132", "13", *OPTION_NAMES):
         assert word in doc, word
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_data_flags_must_be_a_bool(value):
+    g = megak.Graph()
+    g.output(g.copy(g.copy(g.input("x", (1, 8)))), "y")
+    with pytest.raises(megak.GraphError, match="data_flags"):
+        megak.compile(g, backend="sim", data_flags=value)
+    assert "data_flags" in megak.compile.__doc__
+    assert not any(t.flagged for t in megak.compile(g, backend="sim",
+                                                      data_flags=False).plan.tensors)
