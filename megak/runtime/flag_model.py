@@ -99,7 +99,7 @@ from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 
 from . import stream_model
-from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin
+from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin, interleave
 from .stream_model import RandomScheduler
 
 U32 = 0xFFFFFFFF
@@ -368,8 +368,7 @@ class FlagModel:
         return self._outcome(steps)
 
     def _interleave(self, scheduler, max_steps: int) -> int:
-        return stream_model._interleave(self, scheduler, max_steps,
-                                        lambda message: ProtocolViolation(3, message))
+        return interleave(self, scheduler, max_steps, lambda message: ProtocolViolation(3, message))
 
     def _outcome(self, steps: int) -> FlagOutcome:
         t = self.truth

@@ -107,6 +107,35 @@ RULES = {
 }
 
 
+def interleave(model, scheduler, max_steps: int, violation, ended=None) -> int:
+    """Run model.actors (a list that may grow) one step at a time, as `scheduler` picks, until
+    `ended(live actors)` (default: none left); returns the steps taken. `violation(message)`
+    is the model's exception for a deadlock or a run past max_steps.
+
+    An actor that meets one of its waits a second time with nothing changed anywhere has gone
+    round its whole polling loop: it would only repeat it, so it is not run again until
+    something changes. When every live actor is there, nothing ever will: a deadlock."""
+    waits: dict[Actor, set] = {}
+    stalled: set[Actor] = set()
+    for steps in range(max_steps):
+        live = [a for a in model.actors if not a.done]
+        if (ended(live) if ended is not None else not live):
+            return steps
+        ready = [a for a in live if a not in stalled]
+        if not ready:
+            raise violation("deadlock: " + "; ".join(
+                f"{a.name} waits for {a.waiting}" for a in live))
+        actor = scheduler.pick(ready)
+        if actor.step():
+            waits.clear()
+            stalled.clear()
+        elif actor.waiting in waits.setdefault(actor, set()):
+            stalled.add(actor)
+        else:
+            waits[actor].add(actor.waiting)
+    raise violation(f"no end within {max_steps} steps")
+
+
 class ModelViolation(AssertionError):
     """A check of a protocol model failed; `rule` is its number in the model's docstring
     (each model subclasses it with its own `rules`)."""
@@ -357,28 +386,12 @@ class ResidentModel:
         host = Actor("host", self._host())
         stream = Actor("stream", self._stream())
         self.actors = [host, stream]
-        # An actor that meets one of its waits a second time with nothing changed anywhere
-        # has gone round its whole polling loop: it would only repeat it, so it is not run
-        # again until something changes. When every live actor is there, nothing ever will.
-        waits: dict[Actor, set] = {}
-        stalled: set[Actor] = set()
-        for steps in range(max_steps):
-            live = [a for a in self.actors if not a.done]
-            if host.done and not self._queued and live == [stream]:
-                self._check_end()
-                return self._outcome(steps)
-            ready = [a for a in live if a not in stalled]
-            _require(bool(ready), 5, "deadlock: " + "; ".join(
-                f"{a.name} waits for {a.waiting}" for a in live))
-            actor = scheduler.pick(ready)
-            if actor.step():
-                waits.clear()
-                stalled.clear()
-            elif actor.waiting in waits.setdefault(actor, set()):
-                stalled.add(actor)
-            else:
-                waits[actor].add(actor.waiting)
-        raise ProtocolViolation(5, f"no end within {max_steps} steps")
+        # the run ends when the host is done and the stream, idle, is all that is left
+        steps = interleave(self, scheduler, max_steps,
+                           lambda message: ProtocolViolation(5, message),
+                           ended=lambda live: host.done and not self._queued and live == [stream])
+        self._check_end()
+        return self._outcome(steps)
 
     def _outcome(self, steps: int) -> Outcome:
         posted = [s for s, (params, _) in sorted(self.truth.posted.items()) if params]

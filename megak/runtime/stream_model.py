@@ -118,7 +118,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import abi
-from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin
+from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin, interleave
 
 WARPS = abi.THREADS // 32
 PAGE_BYTES = abi.PAGE_BYTES
@@ -190,32 +190,9 @@ class Priority:
         return min(actors, key=rank)     # min keeps the first of equal ranks
 
 
-def _interleave(model, scheduler, max_steps: int, violation=None) -> int:
-    """Runs model.actors (a list that grows) until every one is done; returns the steps.
-    `violation(message)`: the exception a deadlock raises (default: this model's rule 4)."""
-    violation = violation or (lambda message: ProtocolViolation(4, message))
-    # An actor that meets one of its waits a second time with nothing changed anywhere has
-    # gone round its whole polling loop: it would only repeat it, so it is not run again
-    # until something changes. When every live actor is there, nothing ever will.
-    waits: dict[Actor, set] = {}
-    stalled: set[Actor] = set()
-    for steps in range(max_steps):
-        live = [a for a in model.actors if not a.done]
-        if not live:
-            return steps
-        ready = [a for a in live if a not in stalled]
-        if not ready:
-            raise violation("deadlock: " + "; ".join(
-                f"{a.name} waits for {a.waiting}" for a in live))
-        actor = scheduler.pick(ready)
-        if actor.step():
-            waits.clear()
-            stalled.clear()
-        elif actor.waiting in waits.setdefault(actor, set()):
-            stalled.add(actor)
-        else:
-            waits[actor].add(actor.waiting)
-    raise violation(f"no end within {max_steps} steps")
+def _interleave(model, scheduler, max_steps: int) -> int:
+    """resident_model.interleave with this model's deadlock rule (4)."""
+    return interleave(model, scheduler, max_steps, lambda message: ProtocolViolation(4, message))
 
 
 # -- the weight ring --------------------------------------------------------------------------
