@@ -46,6 +46,7 @@ from .dtypes import numpy_dtype
 from .errors import MegakernelError, raise_for_status
 from .ops import BY_OPCODE
 from .plan import Plan
+from .runtime.flag_model import next_stamp
 
 _OK = abi.ERRORS["MK_OK"]
 _TIMEOUT = abi.ERRORS["MK_ERR_TIMEOUT"]
@@ -134,7 +135,7 @@ class SimExecutor:
         self.debug = debug
         self.counters = np.zeros(max(plan.n_counters, 1), dtype=np.uint32)
         self.epoch = 0
-        self.stamp = 0       # the last run's stamp (flagged words); never reset
+        self.stamp = 0       # the running (else the last) run's stamp: never reset
         # flagged tensors live across runs, as on the device: slot -> (values, stamps)
         self._flag_words = {t.slot: (np.zeros(t.shape, dtype=np.float32),
                                      np.zeros(t.shape, dtype=np.uint32))
@@ -183,8 +184,7 @@ class SimExecutor:
         self._events = np.zeros(len(instrs), dtype=abi.TRACE_DTYPE) if trace else None
         # this run's stamp, spent whatever the outcome (a failed run's words must never pass
         # for a later run's)
-        self._stamp = self.stamp + 1 if self.stamp + 1 < 1 << 32 else 1
-        self.stamp = self._stamp
+        self.stamp = next_stamp(self.stamp)
         try:
             self._execute(instrs, tensors, written)
         except _Stop as stop:
@@ -440,9 +440,9 @@ class SimExecutor:
             rec = cur.rec
             states[s].update(queue_index=cur.q, opcode=int(rec["opcode"]),
                              op_index=int(rec["op_index"]), counter=abi.FLAG_WAIT | slot,
-                             expected=self._stamp, observed=seen, error=_TIMEOUT)
+                             expected=self.stamp, observed=seen, error=_TIMEOUT)
             if first is None:
-                first = _Stop(_TIMEOUT, s, cur.q, rec, abi.FLAG_WAIT | slot, self._stamp, seen)
+                first = _Stop(_TIMEOUT, s, cur.q, rec, abi.FLAG_WAIT | slot, self.stamp, seen)
         for s in live:
             cur = loading[s]
             if cur is None:
@@ -510,12 +510,12 @@ class SimExecutor:
             # the op's stores carry this run's stamp, one store per word per run
             r0, r1, c0, c1 = op.written(rec)
             stamps = self._flag_words[out][1][r0:r1, c0:c1]
-            if (stamps == self._stamp).any():
+            if (stamps == self.stamp).any():
                 raise MegakernelError(
                     f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): it "
                     f"writes flagged words of tensor slot {out} (rows {r0}:{r1}, cols "
                     f"{c0}:{c1}) that this run already wrote (one store per word per run)")
-            stamps[...] = self._stamp
+            stamps[...] = self.stamp
 
     def _flag_pending(self, rec, tensors):
         """(slot, stamp seen) of the first flagged word the record will read that does not
@@ -529,7 +529,7 @@ class SimExecutor:
             slot = int(rec["tensor"][arg])
             if slot in self._flag_words:
                 stamps = self._flag_words[slot][1][r0:r1, c0:c1]
-                stale = stamps != self._stamp
+                stale = stamps != self.stamp
                 if stale.any():
                     return slot, int(stamps[stale][0])
         return None
@@ -541,11 +541,11 @@ class SimExecutor:
             slot = int(rec["tensor"][arg])
             if slot in self._flag_words:
                 stamps = self._flag_words[slot][1][r0:r1, c0:c1]
-                if (stamps != self._stamp).any():
+                if (stamps != self.stamp).any():
                     raise MegakernelError(
                         f"sim: race on SM {s}, queue index {cur.q} ({self._label(rec)}): "
                         f"{how} flagged words of tensor slot {slot} (rows {r0}:{r1}, cols "
-                        f"{c0}:{c1}) that do not carry this run's stamp {self._stamp} (stale: "
+                        f"{c0}:{c1}) that do not carry this run's stamp {self.stamp} (stale: "
                         f"read without polling them)")
                 continue
             w = written[slot]
