@@ -254,11 +254,11 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
     )
     check_deadlock_free(plan, rank=rank)
     if n_virtual:
-        # proven deadlock-free with the flagged edges; now the records lose them
+        # proven deadlock-free with the flagged edges; now the records lose them (fewer
+        # edges cannot make a cycle, and every real counter keeps its signals and waits)
         drop_counters_from(plan.instrs, n_real)
         plan.n_counters = n_real
         plan.counter_targets = counter_targets[:n_real].copy()
-        check_deadlock_free(plan, rank=rank)
     return plan
 
 
