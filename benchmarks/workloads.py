@@ -414,15 +414,21 @@ def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Wor
 
 # W3 -----------------------------------------------------------------------------------------
 
-def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK, dtype: str = "float32") -> Workload:
+def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK, dtype: str = "float32",
+       m: int | None = None, k: int | None = None) -> Workload:
+    """One GEMM (m x k) @ (k x n); m and k default to n (a cube, named W3-<n>-<dtype>), else
+    named W3-<m>x<n>x<k>-<dtype>."""
+    m = n if m is None else m
+    k = n if k is None else k
+
     def build():
         g = megak.Graph()
-        g.output(g.gemm(g.input("a", (n, n), dtype), g.input("b", (n, n), dtype)), "y")
+        g.output(g.gemm(g.input("a", (m, k), dtype), g.input("b", (k, n), dtype)), "y")
         return g
 
     def make_inputs(rng):
-        return {"a": _as_dtype(rng.standard_normal((n, n), dtype=np.float32), dtype),
-                "b": _as_dtype(rng.standard_normal((n, n), dtype=np.float32), dtype)}
+        return {"a": _as_dtype(rng.standard_normal((m, k), dtype=np.float32), dtype),
+                "b": _as_dtype(rng.standard_normal((k, n), dtype=np.float32), dtype)}
 
     def reference(inputs, rng):
         return gemm_reference(inputs["a"], inputs["b"], rng, full_max_mnk, dtype)
@@ -433,22 +439,25 @@ def w3(n: int, full_max_mnk: int = FULL_CHECK_MAX_MNK, dtype: str = "float32") -
     def torch_case(inputs, torch, device):
         a = _to_torch(inputs["a"], torch, device)
         b = _to_torch(inputs["b"], torch, device)
-        c = torch.empty((n, n), dtype=getattr(torch, dtype), device=device)
+        c = torch.empty((m, n), dtype=getattr(torch, dtype), device=device)
 
         def run():
             torch.mm(a, b, out=c)
         return TorchCase(run, {"y": c}, [c])
 
+    cube = m == n == k
+    flops = 2.0 * m * n * k
     # ~40 ms per 8192^3 fp32 run inside the megakernel: few reps there
-    reps = (10, 2) if n >= 8192 else (20, 3)
+    reps = (10, 2) if flops >= 2.0 * 8192 ** 3 else (20, 3)
+    shape = f"M = N = K = {n}" if cube else f"M = {m}, N = {n}, K = {k}"
     return Workload(
-        name=f"W3-{n}-{_SHORT[dtype]}",
-        description=f"one {dtype} GEMM, M = N = K = {n} ({2.0 * n**3 / 1e12:.2f} TFLOP); "
+        name=f"W3-{n if cube else f'{m}x{n}x{k}'}-{_SHORT[dtype]}",
+        description=f"one {dtype} GEMM, {shape} ({flops / 1e12:.2f} TFLOP); "
                     + ("torch with TF32 off" if dtype == "float32" else
                        "fp32 accumulation, bf16 output; torch = cuBLAS bf16"),
-        metric="TFLOP/s", work=2.0 * n ** 3, build=build, make_inputs=make_inputs,
+        metric="TFLOP/s", work=flops, build=build, make_inputs=make_inputs,
         reference=reference, check=check, torch_case=torch_case,
-        working_set_bytes=3 * n * n * (4 if dtype == "float32" else 2),
+        working_set_bytes=(m * k + k * n + m * n) * (4 if dtype == "float32" else 2),
         reps={v: reps for v in ("megak", "separate", "graph", "graph_pdl", "torch",
                                 "torch_graph")})
 
@@ -698,6 +707,8 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
     "W2-4096x8-bf16-b1": lambda: w2(4096, 8, batch=1, dtype="bfloat16"),
     "W2-4096x8-bf16-b64": lambda: w2(4096, 8, batch=64, dtype="bfloat16"),
     "W2-8192x8-bf16": lambda: w2(8192, 8, dtype="bfloat16"),
+    "W3-4096-bf16": lambda: w3(4096, dtype="bfloat16"),
+    "W3-512x4096x4096-bf16": lambda: w3(4096, dtype="bfloat16", m=512),
     "W3-8192-bf16": lambda: w3(8192, dtype="bfloat16"),
     "W4-16384-fp32": lambda: w4(16384),
     "W5-1GiB": w5,

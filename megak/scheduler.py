@@ -70,7 +70,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
     graph.validate()
     if n_sm < 1:
         raise GraphError(f"n_sm must be >= 1, got {n_sm}")
-    units, hidden, dropped = lowering_units(graph, n_sm)
+    units, hidden, dropped = lowering_units(graph, n_sm, n_pages)
     check_size(graph, units, hidden, host_memory_bytes() if memory_bytes is None
                else memory_bytes)
     producer = {u.output.index: u.index for u in units}   # tensor slot -> unit writing it
@@ -314,7 +314,7 @@ def stream_pages(ins: np.ndarray, n_pages: int) -> int:
     return pages.ring_pages(n_pages, int(ins["pages"].max()))
 
 
-def lowering_units(graph: Graph, n_sm: int):
+def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):
     """Graph ops -> the units the ops lower, the hidden tensors they add, and the labels of
     the ops dropped because no output depends on them."""
     live = _live_ops(graph)
@@ -345,7 +345,7 @@ def lowering_units(graph: Graph, n_sm: int):
         if fused is None:
             writer[op.output.index] = len(units)
             units.append(Unit.of(op))
-    ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors))
+    ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors), n_pages=n_pages)
     expanded = [part for u in units for part in REGISTRY[u.kind].expand(u, ctx)]
     return [u.with_(index=i) for i, u in enumerate(expanded)], ctx.hidden, dropped
 

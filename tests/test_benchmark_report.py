@@ -114,14 +114,15 @@ def test_registry_names():
     assert list(W.FACTORIES) == ["W1", "W2-1024x16-fp32", "W2-4096x8-fp32", "W3-4096-fp32",
                                  "W3-8192-fp32", "W2-1024x16-bf16", "W2-4096x8-bf16",
                                  "W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64",
-                                 "W2-8192x8-bf16", "W3-8192-bf16", "W4-16384-fp32", "W5-1GiB",
+                                 "W2-8192x8-bf16", "W3-4096-bf16", "W3-512x4096x4096-bf16",
+                                 "W3-8192-bf16", "W4-16384-fp32", "W5-1GiB",
                                  "W6-lower-100k", "W6-compile-cold", "W6-compile-cached",
                                  "W7-call-copy", "W7-call-mlp1024"]
     assert W.NOT_YET_AVAILABLE == {}
     assert set(W.QUICK) <= set(W.FACTORIES)
     assert "W3-8192-fp32" not in W.QUICK and "W5-1GiB" not in W.QUICK
     for name in ("W2-1024x16-fp32", "W2-4096x8-bf16-b1", "W2-4096x8-bf16-b64",
-                 "W3-8192-fp32", "W4-16384-fp32", "W5-1GiB"):
+                 "W3-8192-fp32", "W3-512x4096x4096-bf16", "W4-16384-fp32", "W5-1GiB"):
         w = W.get(name)   # builders only: nothing allocated until make_inputs
         assert w.name == name and w.metric in R.METRICS
         # megak_trace (the traced build, W2 only) falls back to megak's rep counts; the

@@ -43,8 +43,9 @@ def test_dispatch_list_matches_the_registry():
         header = (ROOT / "device" / "ops" / f"{name}.cuh").read_text()
         for fn in ("check", "check_operands", "run"):
             assert re.search(rf"\bmk_{name}_{fn}\(", header), f"{name}.cuh lacks mk_{name}_{fn}"
-        has_preload = bool(re.search(rf"\bmk_{name}_preload_stages\(", header))
-        assert has_preload == bool(preload), f"{name}: preload column {preload}"
+        for fn in ("preload_stages", "preload", "preload_late"):
+            has = bool(re.search(rf"\bmk_{name}_{fn}\(", header))
+            assert has == bool(preload), f"{name}: preload column {preload}, mk_{name}_{fn}"
         # the early operand is what the loader preloads before the waits
         if REGISTRY[name].early_operand is not None:
             assert preload

@@ -254,6 +254,11 @@ def test_preload_of_a_page_not_held_is_caught(rng, monkeypatch):
                  b=rng.uniform(-1, 1, (48, 32)).astype(megak.dtypes.numpy_dtype("bfloat16")))
 
 
+# 8 pages: the bf16 GEMMs take the mma.sync tiles, whose loader preloads B before the
+# dependency wait under MK_FLAG_B_READY (a wgmma tile's loader issues every copy after it)
+B_READY_PAGES = 8
+
+
 def b_ready_graph():
     g = megak.Graph()
     x = g.input("x", (40, 64), "bfloat16")
@@ -280,7 +285,8 @@ def set_b_ready(prog, produced: bool) -> int:
 @pytest.mark.parametrize("order,seed", [("round_robin", None)] + [("random", s) for s in range(8)])
 def test_b_ready_on_a_produced_operand_is_a_race(rng, order, seed):
     g = b_ready_graph()
-    prog = megak.compile(g, backend="sim", n_sm=8, order=order, seed=seed)
+    prog = megak.compile(g, backend="sim", n_sm=8, order=order, seed=seed,
+                         n_pages=B_READY_PAGES)
     assert set_b_ready(prog, produced=True) > 0
     # the flagged GEMMs sit second in their queues, behind a split-K partial that is not
     # their producer: their loaders reach the early preload long before the reduce that
@@ -299,7 +305,8 @@ def test_b_ready_on_a_produced_operand_is_a_race(rng, order, seed):
 def test_b_ready_on_a_graph_input_runs(rng):
     g = b_ready_graph()
     for seed in range(10):
-        prog = megak.compile(g, backend="sim", n_sm=8, order="random", seed=seed)
+        prog = megak.compile(g, backend="sim", n_sm=8, order="random", seed=seed,
+                             n_pages=B_READY_PAGES)
         assert set_b_ready(prog, produced=False) > 0
         check_graph(prog, g, rng, f"B_READY on weights, seed {seed}")
         check_page_intervals(prog)

@@ -5,7 +5,11 @@ an fp32 gemm -> transpose -> copy, and in bf16 a chain of two streamed GEMMs (M 
 weights through the streamer warp's TMA ring across the two instructions) plus a 128-row
 tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
 the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16,
-and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh).
+and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh),
+and two chained Hopper GEMMs (128 x 256 wgmma tiles, TMA copies the loader warp issues into
+a ring of 4 stages across 12 pages): v = u @ w3 + bias (stored from registers, the pages
+handed back before the store) and o = gelu(v @ w4) + res (through the staging tiles), the
+second reading the first's output, written by other SMs' generic stores, through TMA.
 The runs are made once as launches (prog.run) and once as requests of a resident kernel
 (megak.resident: the request ring, the relay and the per-request set-up).
 
@@ -65,11 +69,20 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     f1 = g.copy(f)
     f3 = g.copy(g.add(f1, g.input("fb", (FLAGGED[1],), "float32")))
     g.output(g.add(f3, f1), "flagged")
+    u = g.input("u", WG_U, "bfloat16")
+    v = g.gemm(u, g.input("w3", (WG_U[1], WG_N), "bfloat16"),
+               bias=g.input("bias3", (WG_N,), "float32"))
+    g.output(v, "v")
+    g.output(g.gemm(v, g.input("w4", (WG_N, WG_N2), "bfloat16"), activation="gelu",
+                    residual=g.input("res4", (WG_U[0], WG_N2), "float32"),
+                    out_dtype="float32"), "o")
     return g
 
 
 ROWS = (37, 150)   # row-wise ops: odd rows and a width past one warp step (128 columns)
 FLAGGED = (3, 21)  # the flagged chain: more elements than one warp, fewer than the 256 threads
+WG_U, WG_N, WG_N2 = (200, 136), 200, 260   # the wgmma pair: 2 x 1 and 2 x 2 tiles, K tails,
+#                                            K < 256 so neither splits over K
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -163,7 +176,12 @@ def main(argv=None) -> int:
                     "lb": rng.uniform(-1, 1, n).astype(np.float32),
                     "rw": rng.uniform(0.5, 1.5, n).astype(np.float32).astype(BF16),
                     "f": rng.uniform(-1, 1, FLAGGED).astype(np.float32),
-                    "fb": rng.uniform(-1, 1, FLAGGED[1]).astype(np.float32)}
+                    "fb": rng.uniform(-1, 1, FLAGGED[1]).astype(np.float32),
+                    "u": rng.uniform(-1, 1, WG_U).astype(np.float32).astype(BF16),
+                    "w3": rng.uniform(-1, 1, (WG_U[1], WG_N)).astype(np.float32).astype(BF16),
+                    "bias3": rng.uniform(-1, 1, WG_N).astype(np.float32),
+                    "w4": rng.uniform(-1, 1, (WG_N, WG_N2)).astype(np.float32).astype(BF16),
+                    "res4": rng.uniform(-1, 1, (WG_U[0], WG_N2)).astype(np.float32)}
             if resident is None:
                 out = prog.run(a=a, b=b, **bf, **rows)
             else:
@@ -175,7 +193,11 @@ def main(argv=None) -> int:
                        check_reference(g, {**rows, "a": a, "b": b, **bf}, out["norm"], "norm",
                                        "norm = rmsnorm(layernorm(softmax(r + rv)))"),
                        check_reference(g, {**rows, "a": a, "b": b, **bf}, out["flagged"],
-                                       "flagged", "flagged = copy(copy(f) + fb) + copy(f)")]
+                                       "flagged", "flagged = copy(copy(f) + fb) + copy(f)"),
+                       check_reference(g, {**rows, "a": a, "b": b, **bf}, out["v"], "v",
+                                       "v = u @ w3 + bias3 (wgmma)"),
+                       check_reference(g, {**rows, "a": a, "b": b, **bf}, out["o"], "o",
+                                       "o = gelu(v @ w4) + res4 (wgmma)")]
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",

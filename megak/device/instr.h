@@ -86,7 +86,17 @@ enum mk_op_shapes {
     MK_STREAM_MIN_RING = 2,    /* a program streams weights only with at least this many ring
                                   pages left over by its other instructions */
     MK_STREAM_MAX_RING = 12,   /* ring pages a block can track (mbarrier pairs in mk_control) */
-    MK_TMAP_BYTES = 128        /* one CUtensorMap in the binding's table (128-B aligned) */
+    MK_TMAP_BYTES = 128,       /* one CUtensorMap in the binding's table (128-B aligned) */
+    /* the Hopper bf16 GEMM (ops/gemm_wgmma.cuh, MK_FLAG_WGMMA): a 128 x 256 tile, k-blocks of
+     * 64 through a ring of stages of 3 pages (A's box of 128 rows x 64 k, B's 4 boxes of 64 k
+     * x 64 columns), filled by TMA and read by wgmma */
+    MK_WGMMA_TILE_M = 128,
+    MK_WGMMA_TILE_N = 256,
+    MK_WGMMA_BK = 64,
+    MK_WGMMA_STAGES = 4,
+    MK_WGMMA_PAGES = 3 * MK_WGMMA_STAGES,
+    MK_WGMMA_B_BOX_ROWS = 64   /* k-rows of B's box (64 x 64 bf16 = 8 KiB); A's box is the
+                                  weight stream's (MK_STREAM_BOX_ROWS rows) */
 };
 
 enum mk_opcode {
@@ -142,13 +152,16 @@ enum mk_flags {
     MK_FLAG_B_READY = 256,        /* operand B has no producer in this graph: the loader may load it
                                      before the waits */
     MK_FLAG_CAUSAL = 512,         /* softmax: column j of row i is masked out where j > i */
-    MK_FLAG_STREAM = 1024         /* GEMM, bf16, B a graph input (with MK_FLAG_B_READY): B comes
+    MK_FLAG_STREAM = 1024,        /* GEMM, bf16, B a graph input (with MK_FLAG_B_READY): B comes
                                      through the block's weight ring (ops/gemm_stream.cuh). Such
                                      a record's param is parts << 16 | part: its k range is part
                                      `part` of `parts` of its column band; with parts > 1,
                                      tensor[MK_ARG_SPARE] is the fp32 partials tensor (part p's
                                      rows at p * MK_STREAM_M + row0) and out_row0 the band's
                                      combine counter (the output rows start at row0) */
+    MK_FLAG_WGMMA = 2048          /* GEMM, bf16: one MK_WGMMA_TILE_M x MK_WGMMA_TILE_N tile on
+                                     wgmma, A and B through TMA (ops/gemm_wgmma.cuh); cols <=
+                                     MK_WGMMA_TILE_N, MK_WGMMA_PAGES pages */
 };
 
 enum mk_activation {
@@ -207,12 +220,13 @@ typedef struct mk_instr {
 
 /* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements).
  *
- * A tensor table of n entries is followed, in the same buffer, by the tensor maps of the
- * weight stream: at byte offset mk_tmap_offset(n) = 24 n rounded up to MK_TMAP_BYTES,
- * CUtensorMap[n] (entry i encodes tensor i as B of a streamed GEMM: bf16, dims {cols, rows},
- * row stride 2 ld bytes, box {MK_STREAM_BOX_COLS, MK_STREAM_BOX_ROWS}, 128-B swizzle, zero
- * fill out of bounds), then mk_u32 ready[n]: 1 where entry i was encoded for this table, 0
- * where it could not be (B not 16-B aligned: the GEMM then loads B itself). */
+ * A tensor table of n entries is followed, in the same buffer, by the tensor maps of its TMA
+ * operands: at byte offset mk_tmap_offset(n) = 24 n rounded up to MK_TMAP_BYTES,
+ * CUtensorMap[n] (entry i encodes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes,
+ * box {MK_STREAM_BOX_COLS, box rows}, 128-B swizzle, zero fill out of bounds), then
+ * mk_u32 ready[n]: the box rows map i was encoded with for this table (MK_STREAM_BOX_ROWS:
+ * B of a streamed GEMM or A of a wgmma GEMM; MK_WGMMA_B_BOX_ROWS: B of a wgmma GEMM), 0 where
+ * it was not (not 16-B aligned, or not needed: the op then loads the operand itself). */
 typedef struct mk_tensor {
     mk_u64 ptr;
     mk_u32 rows;

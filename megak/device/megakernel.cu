@@ -48,8 +48,9 @@
 /* The op table: the one dispatch list. X(OP, name, PRELOAD) expects mk_<name>_run / _check /
  * _check_operands (the op's header), MK_<OP>_PAGES and MK_<OP>_OPERANDS (instr.h), and with
  * PRELOAD = 1 mk_<name>_preload_stages / _preload: the loader fills the op's first pipeline
- * stages (pages.cuh, mk_preload_parts). tests/test_op_contract.py checks this list against
- * the Python registry and instr.h. */
+ * stages (pages.cuh, mk_preload_parts), and mk_<name>_preload_late: what the loader still
+ * produces for the op once it runs (the wgmma GEMM's later stages). tests/test_op_contract.py
+ * checks this list against the Python registry and instr.h. */
 #define MK_FOR_EACH_OP(X)      \
     X(COPY, copy, 0)           \
     X(TRANSPOSE, transpose, 0) \
@@ -117,6 +118,8 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
 #define MK_PRELOAD_STAGES_1(name, in, op) mk_##name##_preload_stages(in, op)
 #define MK_PRELOAD_0(name, in, op, pages, lane, parts)
 #define MK_PRELOAD_1(name, in, op, pages, lane, parts) mk_##name##_preload(in, op, pages, lane, parts)
+#define MK_PRELOAD_LATE_0(name, in, op, pages, lane) MK_OK
+#define MK_PRELOAD_LATE_1(name, in, op, pages, lane) mk_##name##_preload_late(in, op, pages, lane)
 
 __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
@@ -137,6 +140,19 @@ __device__ __forceinline__ void mk_op_preload(const mk_instr& in, const mk_tenso
         MK_FOR_EACH_OP(X)
 #undef X
     default: break;
+    }
+}
+
+/* After L7, all 32 lanes: an error code, the same in every lane. */
+__device__ __forceinline__ mk_u32 mk_op_preload_late(const mk_instr& in, const mk_tensor* op,
+                                                     const mk_pages& pages, mk_u32 lane)
+{
+    (void)op; (void)pages; (void)lane;
+    switch (in.opcode) {
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_PRELOAD_LATE_##PRELOAD(name, in, op, pages, lane);
+        MK_FOR_EACH_OP(X)
+#undef X
+    default: return MK_OK;
     }
 }
 
@@ -400,6 +416,8 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
  *   L5. wait for its counters (relaxed polls, then fence.acquire)
  *   L6. late preload: the rest of the first stages
  *   L7. once its copies have landed, lane 0 arrives on full[q & 1]
+ *   L8. what it still produces for q while q runs (mk_op_preload_late: the wgmma GEMM's
+ *       stages past the first four), then on to q + 1
  *
  * An error stops the loader after L7 with slot.stop set: the compute warps finish what they
  * run, read the flag and leave. Lane 0 has written sm_state (and status) through mk_stop. */
@@ -516,6 +534,17 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
             mk_mbar_arrive(&ctl.full[q & 1]);
         if (error != MK_OK)
             break;
+        /* L8: what the loader still produces while the op runs (the wgmma GEMM's stages) */
+        if (stages > 0) {
+            error = mk_op_preload_late(s.ins, s.operand, pages, lane);
+            if (error != MK_OK) {
+                if (lane == 0) {
+                    e.error = error;
+                    mk_stop(p, e);
+                }
+                break;
+            }
+        }
     }
     mk_cp_async_wait_all();   /* no copy may land after the block is gone */
 }
@@ -871,6 +900,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     int stop = 0;
     if (tid == 0) {
         ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
+        ctl.wgmma_inited = 0;  /* nor a wgmma GEMM's (ops/gemm_wgmma.cuh) */
         stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {
@@ -1149,6 +1179,7 @@ megakernel_resident(const mk_resident_args a)
             mk_mbar_init(&ctl.empty[i], 1u);
         }
         ctl.ring_inited = 0;   /* each request's set-up initialises the ring it needs */
+        ctl.wgmma_inited = 0;  /* the first wgmma GEMM initialises its barriers */
     }
     __syncthreads();   /* the barriers are initialised before anyone waits on them */
     if (warp >= MK_THREADS / 32) {
@@ -1197,6 +1228,11 @@ megak_op(const mk_params* params, mk_u32 first)
          * a streamed GEMM loads B itself */
         ctl.params.counters = params->counters;
         ctl.params.epoch = params->epoch;
+        /* a wgmma GEMM reads its tensor maps and deadline from here */
+        ctl.params.tensors = params->tensors;
+        ctl.params.n_tensors = params->n_tensors;
+        ctl.params.timeout_ns = params->timeout_ns;
+        ctl.wgmma_inited = 0;
         ctl.params.stream_pages = 0;
         /* flagged words: stream order already orders each launch after its producers, so
          * any fixed stamp is this "invocation's" (flag.cuh) */

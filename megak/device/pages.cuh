@@ -85,6 +85,11 @@ struct mk_control {
     mk_u32 stream_error;               /* gemm_stream: a ring wait passed its deadline */
     mk_stop_info op_stop;              /* an op's failed poll of a flagged word (flag.cuh);
                                           error MK_OK while none failed */
+    /* the wgmma GEMM's ring (ops/gemm_wgmma.cuh): stage slot i landed (full), every compute
+     * warp is done reading it (empty); initialised by the op, once per instruction */
+    mk_u64 wgmma_full[MK_WGMMA_STAGES];
+    mk_u64 wgmma_empty[MK_WGMMA_STAGES];
+    mk_u32 wgmma_inited;               /* the wgmma barriers are valid (invalidate first) */
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");

@@ -66,7 +66,7 @@ __device__ __forceinline__ const unsigned char* mk_tmaps(const mk_params& p)
     return reinterpret_cast<const unsigned char*>(p.tensors) + mk_tmap_offset(p.n_tensors);
 }
 
-/* ready[i]: 1 where the table carries tensor i's map. */
+/* ready[i]: the box rows of tensor i's map in the table, 0 where it has none (instr.h). */
 __device__ __forceinline__ const mk_u32* mk_tmap_ready(const mk_params& p)
 {
     return reinterpret_cast<const mk_u32*>(mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * p.n_tensors);

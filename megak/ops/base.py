@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import abi
+from ..pages import DEFAULT_PAGES
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,12 @@ class Unit:
 
 @dataclass
 class ExpandContext:
-    """What `expand` may use: the SM count it lowers for, and new hidden tensors."""
+    """What `expand` may use: the SM count and pages per SM it lowers for, and new hidden
+    tensors."""
     n_sm: int
     first_hidden: int
     hidden: list[Hidden] = field(default_factory=list)
+    n_pages: int = DEFAULT_PAGES
 
     def new_tensor(self, shape: tuple[int, int], dtype: str, name: str) -> Hidden:
         t = Hidden(self.first_hidden + len(self.hidden), tuple(int(s) for s in shape), dtype,

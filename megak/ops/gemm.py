@@ -13,7 +13,10 @@ tensor cores; both accumulate in fp32.
     is about one instruction per SM, the last part of a band to finish sums the partials;
   * GEMMs of few output tiles: split over K into fp32 partials on many SMs, plus a REDUCE
     unit (ops/reduce.py) that sums them in a fixed order and applies the epilogue;
-  * the rest: one instruction per 128 x 128 output tile.
+  * the rest: one instruction per output tile.
+Tiles are 128 x 128, except the other bf16 GEMMs' on SMs with at least MK_WGMMA_PAGES pages:
+128 x 256 tiles on Hopper's warpgroup MMA with TMA copies (MK_FLAG_WGMMA,
+device/ops/gemm_wgmma.cuh), split-K partials included.
 """
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ BOX_ROWS = SHAPES["MK_STREAM_BOX_ROWS"]
 STREAM_PAGES = SHAPES["MK_STREAM_PAGES"]
 # the weight ring of a program of streamed GEMMs on a Hopper SM's pages (scheduler.stream_pages)
 RING_BOXES = ring_pages(DEFAULT_PAGES, STREAM_PAGES)
+
+WGMMA_TILE_M = SHAPES["MK_WGMMA_TILE_M"]
+WGMMA_TILE_N = SHAPES["MK_WGMMA_TILE_N"]
+WGMMA_PAGES = SHAPES["MK_WGMMA_PAGES"]
 
 MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
 MIN_SPLIT_K = 128        # and at least this much K per partial
@@ -105,14 +112,26 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
     return -(-boxes // per), per * BOX_ROWS
 
 
-def split_k_factor(m: int, k: int, n: int, n_sm: int) -> tuple[int, int]:
+def uses_wgmma(dtype: str, n_pages: int) -> bool:
+    """Whether a non-streamed GEMM takes 128 x 256 wgmma tiles: bf16 operands and room for the
+    op's MK_WGMMA_PAGES pages on each SM."""
+    return dtype == "bfloat16" and n_pages >= WGMMA_PAGES
+
+
+def tile_shape(attrs: dict) -> tuple[int, int]:
+    """(rows, cols) of a tiled unit's output tiles."""
+    return (WGMMA_TILE_M, WGMMA_TILE_N) if attrs.get("wgmma") else (TILE_M, TILE_N)
+
+
+def split_k_factor(m: int, k: int, n: int, n_sm: int,
+                   tile_n: int = TILE_N) -> tuple[int, int]:
     """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
 
     A GEMM of few output tiles (an MLP at small batch: M = 16 gives N/128 tiles) runs its
     whole K loop on those few SMs while the rest wait; splitting K over more SMs and summing
     the partials in a reduce instruction puts every SM to work. Chunks are multiples of 64 so
     bf16 operands stay 16-B aligned."""
-    tiles = -(-m // TILE_M) * -(-n // TILE_N)
+    tiles = -(-m // TILE_M) * -(-n // tile_n)
     if 2 * tiles > n_sm or k < 2 * MIN_SPLIT_K:
         return 1, k
     splits = min(n_sm // tiles, k // MIN_SPLIT_K, MAX_SPLITS)
@@ -144,12 +163,14 @@ class Gemm(OpDef):
                                           f"t{unit.output.index}_stream_partials"),)
             return [unit.with_(inputs=inputs,
                                attrs=dict(unit.attrs, stream=parts, chunk=chunk))]
-        splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm)
+        wide = uses_wgmma(a.dtype, ctx.n_pages)
+        splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm, tile_shape(
+            {"wgmma": wide})[1])
         if splits == 1:
-            return [unit]
+            return [unit.with_(attrs=dict(unit.attrs, wgmma=True))] if wide else [unit]
         part = ctx.new_tensor((splits * a.rows, b.cols), "float32",
                               f"t{unit.output.index}_partials")
-        return [Unit("gemm", (a, b), part, {"split": splits, "chunk": chunk},
+        return [Unit("gemm", (a, b), part, {"split": splits, "chunk": chunk, "wgmma": wide},
                      f"{unit.label} split-K partials ({splits} x K {chunk})"),
                 Unit("reduce", (part,) + tuple(unit.inputs[2:]), unit.output,
                      dict(unit.attrs, splits=splits, part_rows=a.rows),
@@ -160,7 +181,8 @@ class Gemm(OpDef):
         m, n = a.rows, b.cols
         if unit.attrs.get("stream"):
             return unit.attrs["stream"] * -(-n // BOX_COLS) * -(-m // STREAM_TILE_M)
-        return unit.attrs.get("split", 1) * -(-m // TILE_M) * -(-n // TILE_N)
+        tm, tn = tile_shape(unit.attrs)
+        return unit.attrs.get("split", 1) * -(-m // tm) * -(-n // tn)
 
     def lower(self, unit) -> Lowered:
         """One instruction per 128 x 128 output tile over the whole K (or _lower_split,
@@ -172,8 +194,9 @@ class Gemm(OpDef):
         a, b = unit.inputs[:2]
         m, k = a.shape
         n = b.cols
-        row_edges = edges(m, TILE_M)
-        col_edges = edges(n, TILE_N)
+        tile_m, tile_n = tile_shape(unit.attrs)
+        row_edges = edges(m, tile_m)
+        col_edges = edges(n, tile_n)
         r0, tm, c0, tn = grid(row_edges, col_edges)
         zeros = np.zeros(len(r0), dtype=np.int64)
         full_k = np.full(len(r0), k, dtype=np.int64)
@@ -193,11 +216,13 @@ class Gemm(OpDef):
         nbytes = size * (tm * k + k * tn) + out_size * tm * tn
         total_bytes = (size * (m * k + k * n) + out_size * m * n
                        + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
-        return Lowered(self.opcode, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+        wide = abi.FLAG_WGMMA if unit.attrs.get("wgmma") else 0
+        return Lowered(self.opcode, WGMMA_PAGES if wide else PAGES_BY_DTYPE[a.dtype], row_edges,
+                       col_edges, reads,
                        cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                        flops=float(flops.sum()), bytes=float(total_bytes),
                        extra={"k0": zeros, "klen": full_k}, operands=operands,
-                       flags=_epilogue.flags(unit.attrs))
+                       flags=_epilogue.flags(unit.attrs) | wide)
 
     def _lower_split(self, unit) -> Lowered:
         """Split-K partials: split s multiplies a[:, s*chunk:(s+1)*chunk] by the same rows of
@@ -207,7 +232,8 @@ class Gemm(OpDef):
         m, k = a.shape
         n = b.cols
         splits, chunk = unit.attrs["split"], unit.attrs["chunk"]
-        m_edges, col_edges = edges(m, TILE_M), edges(n, TILE_N)
+        tile_m, tile_n = tile_shape(unit.attrs)
+        m_edges, col_edges = edges(m, tile_m), edges(n, tile_n)
         # the partials' row grid: each split's M rows tiled like the output's
         row_edges = np.append((np.arange(splits)[:, None] * m + m_edges[None, :-1]).ravel(),
                               splits * m)
@@ -220,12 +246,14 @@ class Gemm(OpDef):
         size = ITEMSIZE[a.dtype]
         flops = 2.0 * tm * tn * kl
         nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
-        return Lowered(self.opcode, PAGES_BY_DTYPE[a.dtype], row_edges, col_edges, reads,
+        wide = abi.FLAG_WGMMA if unit.attrs.get("wgmma") else 0
+        return Lowered(self.opcode, WGMMA_PAGES if wide else PAGES_BY_DTYPE[a.dtype], row_edges,
+                       col_edges, reads,
                        cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                        flops=float(flops.sum()),
                        bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
                        extra={"row0": m0, "out_row0": p0, "k0": k0, "klen": kl},
-                       operands=[abi.ARG_A, abi.ARG_B], flags=0)
+                       operands=[abi.ARG_A, abi.ARG_B], flags=wide)
 
     def _lower_stream(self, unit) -> Lowered:
         """A streamed GEMM: instruction (p, r, b) multiplies k range p (whole boxes, the last
@@ -280,6 +308,9 @@ class Gemm(OpDef):
 
     # -- pages ------------------------------------------------------------------------------
     def page_plan(self, rec, dtype_a: str) -> PagePlan:
+        if int(rec["flags"]) & abi.FLAG_WGMMA:
+            staged = int(rec["flags"]) & (abi.FLAG_ACT_MASK | abi.FLAG_RESIDUAL)
+            return WGMMA_PLAN if staged else WGMMA_REGISTER_PLAN
         if int(rec["flags"]) & abi.FLAG_STREAM:
             return _stream_plan(rec)
         return _tile_plan(rec, dtype_a)
@@ -287,7 +318,14 @@ class Gemm(OpDef):
     # -- simulator --------------------------------------------------------------------------
     def check_record(self, rec) -> bool:
         r0, c0, rn, cn = region(rec)
-        if int(rec["flags"]) & abi.FLAG_STREAM:
+        flags = int(rec["flags"])
+        if flags & abi.FLAG_WGMMA:   # gemm_wgmma.cuh's mk_gemm_wgmma_check
+            return (not flags & abi.FLAG_STREAM and int(rec["pages"]) >= WGMMA_PAGES
+                    and min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]),
+                            int(rec["klen"])) >= 0
+                    and rn <= WGMMA_TILE_M and cn <= WGMMA_TILE_N
+                    and _epilogue.act_code_ok(rec))
+        if flags & abi.FLAG_STREAM:
             parts, part = int(rec["param"]) >> 16, int(rec["param"]) & 0xFFFF
             return (min(r0, c0, int(rec["k0"])) >= 0 and 1 <= rn <= STREAM_TILE_M
                     and 1 <= cn <= BOX_COLS and int(rec["klen"]) >= 1 and part < parts
@@ -296,6 +334,8 @@ class Gemm(OpDef):
                 and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))
 
     def min_pages(self, rec) -> int:
+        if int(rec["flags"]) & abi.FLAG_WGMMA:
+            return WGMMA_PAGES
         return STREAM_PAGES if int(rec["flags"]) & abi.FLAG_STREAM else self.pages
 
     def written(self, rec) -> tuple[int, int, int, int]:
@@ -375,6 +415,19 @@ def _bf16_vec(*offsets: int) -> bool:
     rows start 16-B aligned (MK_TENSOR_ALIGN_BYTES), so an element offset inside a row is
     16-B aligned when it is a multiple of 8 bf16. The device tests the real pointers."""
     return all(o % TENSOR_ALIGN_ELEMS["bfloat16"] == 0 for o in offsets)
+
+
+# the wgmma tile: the loader fills the first 4 stages of 3 pages after the wait (TMA copies;
+# it refills them while the k loop runs, inside the op's own pages), then the two staging
+# tiles on pages 0-7 for the epilogue; the op hands nothing back early (the next wgmma tile
+# needs all 12)
+WGMMA_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
+                      phases=((tuple(range(WGMMA_PAGES)), ()),))
+# the same tile with an epilogue of at most a bias: stored from registers, so every page goes
+# back right after the k loop (gemm_wgmma.cuh, mk_wgmma_register_epilogue)
+WGMMA_REGISTER_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
+                               phases=((tuple(range(WGMMA_PAGES)), tuple(range(WGMMA_PAGES))),
+                                       ((), ())))
 
 
 def _stream_plan(rec) -> PagePlan:

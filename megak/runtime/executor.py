@@ -5,7 +5,7 @@ Set up once (``__init__``)::
     device 0 current -> compile (cubin for the device's exact arch, cached) -> load
     -> checks that need the loaded kernel (static smem, opt-in, pages, occupancy, SM count)
     -> buffers: one per tensor slot (rows x ld, ld padded to MK_TENSOR_ALIGN_BYTES),
-       tensor table (followed by the weight stream's tensor maps: tensor_maps.py), queues,
+       tensor table (followed by the TMA operands' tensor maps: tensor_maps.py), queues,
        counters, status, sm_state, params
     -> tensor table + queues uploaded once through pinned staging on the executor's stream
 
@@ -372,13 +372,13 @@ class CudaExecutor:
         tensor_bytes = sum(n for _, _, n in layout)
         n_tensors = (max(t.slot for t in plan.tensors) + 1) if plan.tensors else 0
         self._n_tensors = n_tensors
-        # a tensor table is its entries, then the weight stream's maps and ready flags
+        # a tensor table is its entries, then the TMA operands' maps and ready words
         # (tensor_maps.py); tables side by side stay 128-B aligned, as the maps must be
         self._table_bytes = round_up(max(abi.table_bytes(n_tensors), abi.TENSOR_DTYPE.itemsize),
                                      abi.TMAP_BYTES)
-        # the slots whose maps every table carries; reload_queues() keeps this set, so a
-        # streamed B added later has ready 0 and the device loads it itself
-        self._stream_slots = frozenset(tensor_maps.stream_slots(plan.instrs))
+        # the slots whose maps every table carries, with their boxes; reload_queues() keeps
+        # them, so a TMA operand added later has ready 0 and the device loads it itself
+        self._map_boxes = tensor_maps.map_boxes(plan.instrs)
         control = [
             ("instrs", max(len(plan.instrs), 1) * abi.INSTR_BYTES),
             ("queue_start", (plan.n_sm + 1) * 4),
@@ -428,7 +428,7 @@ class CudaExecutor:
             table[slot]["dtype"] = (abi.DTYPE_F32_FLAG if tb.slot.flagged
                                     else dtypes.ABI_CODE[tb.slot.dtype])
         image = np.zeros(self._table_bytes, dtype=np.uint8)
-        tensor_maps.fill_table(image, self._n_tensors, table, sorted(self._stream_slots))
+        tensor_maps.fill_table(image, self._n_tensors, table, self._map_boxes)
         self._table_image = image     # a binding's table starts from it (same maps elsewhere)
         self._table_host_buf = self._memory.pinned(self._table_bytes, "tensor table (host)")
         self._table_host_buf.array(np.uint8, image.shape)[:] = image
@@ -900,7 +900,7 @@ class CudaExecutor:
                 table[slot]["ptr"] = arr.ptr
                 table[slot]["ld"] = arr.row_stride()
             tensor_maps.write_maps(image, self._n_tensors, table,
-                                   sorted(self._stream_slots.intersection(external)))
+                                   {s: b for s, b in self._map_boxes.items() if s in external})
             b = _Binding(key, self._binding_slot(h), 0)
             b.table_ptr = self._binding_dev.ptr + b.index * self._table_bytes
             self._binding_host.array(np.uint8, (MAX_BINDINGS * self._table_bytes,))[

@@ -1,28 +1,31 @@
-"""Tensor maps of the weight stream: one CUtensorMap per streamed weight, in the tensor table.
+"""Tensor maps of the TMA operands: one CUtensorMap per tensor that a TMA copy reads, in the
+tensor table.
 
-A GEMM record with MK_FLAG_STREAM gets its B operand (the weights) through TMA copies
-(``cp.async.bulk.tensor``) issued by the streamer warp (megakernel.cu) into the block's weight
-ring and consumed by megak/device/ops/gemm_stream.cuh. A TMA copy names its source by a
+Two ops read operands through TMA copies (``cp.async.bulk.tensor``): a GEMM record with
+MK_FLAG_STREAM gets its B operand (the weights) from the streamer warp (megakernel.cu) through
+the block's weight ring (megak/device/ops/gemm_stream.cuh), and one with MK_FLAG_WGMMA gets A
+and B into its own pages (megak/device/ops/gemm_wgmma.cuh). A TMA copy names its source by a
 CUtensorMap, which only the host can encode and which embeds the tensor's device address: so
 every tensor table (megak's own, and each caller binding's, whose addresses differ) carries
 its own maps, in the same buffer, right after its entries (instr.h, above ``mk_tensor``)::
 
     0                        mk_tensor[n]            (24 B each)
     tmap_offset(n)           CUtensorMap[n]          (128 B each; 24 n rounded up to 128)
-    tmap_offset(n) + 128 n   u32 ready[n]            (1: map i encoded for this table)
+    tmap_offset(n) + 128 n   u32 ready[n]            (the box rows of map i; 0: none)
 
-Map i describes tensor i as B of a streamed GEMM: bf16, dims {cols, rows}, row stride 2 ld
-bytes, box {MK_STREAM_BOX_COLS, MK_STREAM_BOX_ROWS}, 128-B swizzle, zeros out of bounds. Only
-the "stream slots" (the B slots of streamed records) are encoded; every other entry, and any
-tensor TMA cannot describe, has ready 0 and the device loads that B itself. A request of a
-resident kernel passes a table's address, so the maps travel with it.
+Map i describes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes, box {64 columns,
+box rows}, 128-B swizzle, zeros out of bounds. The box rows depend on the use (`map_boxes`):
+MK_STREAM_BOX_ROWS (128) for a streamed B and a wgmma A, MK_WGMMA_B_BOX_ROWS (64) for a wgmma
+B. A tensor wanted with both keeps 128 and the wgmma record that wanted 64 loads its B itself,
+as does every record whose tensor TMA cannot describe (ready 0). A request of a resident
+kernel passes a table's address, so the maps travel with it.
 
 Everything but `encode` is pure host code (testable without a GPU); `fill_table` and
 `write_maps` take the encoder as an argument.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -31,21 +34,32 @@ from .. import abi
 _BF16 = abi.DTYPES["MK_DTYPE_BF16"]
 _BF16_BYTES = 2
 
-Encoder = Callable[[int, int, int, int], bytes]   # (ptr, rows, cols, ld) -> 128 bytes
+Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, box rows)
+                                                      #   -> 128 bytes
+STREAM_BOX_ROWS = abi.OP_SHAPES["MK_STREAM_BOX_ROWS"]
+WGMMA_B_BOX_ROWS = abi.OP_SHAPES["MK_WGMMA_B_BOX_ROWS"]
 
 
-def stream_slots(instrs: np.ndarray) -> tuple[int, ...]:
-    """The tensor slots whose maps a program needs: operand B of every GEMM record flagged
-    MK_FLAG_STREAM (sorted, distinct)."""
+def map_boxes(instrs: np.ndarray) -> dict[int, int]:
+    """The tensor slots whose maps a program needs, each with its box rows: B of every GEMM
+    record flagged MK_FLAG_STREAM and A of every MK_FLAG_WGMMA record (STREAM_BOX_ROWS), B of
+    every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless it is also wanted with
+    STREAM_BOX_ROWS. Sorted by slot."""
     if len(instrs) == 0:
-        return ()
-    streamed = (instrs["opcode"] == abi.OPCODE_OF["gemm"]) \
-        & ((instrs["flags"] & abi.FLAG_STREAM) != 0)
-    return tuple(int(s) for s in np.unique(instrs["tensor"][streamed, abi.ARG_B]))
+        return {}
+    gemm = instrs["opcode"] == abi.OPCODE_OF["gemm"]
+    streamed = gemm & ((instrs["flags"] & abi.FLAG_STREAM) != 0)
+    wide = gemm & ((instrs["flags"] & abi.FLAG_WGMMA) != 0)
+    tall = set(instrs["tensor"][streamed, abi.ARG_B].tolist()) \
+        | set(instrs["tensor"][wide, abi.ARG_A].tolist())
+    short = set(instrs["tensor"][wide, abi.ARG_B].tolist()) - tall
+    boxes = {int(s): STREAM_BOX_ROWS for s in tall}
+    boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
+    return dict(sorted(boxes.items()))
 
 
 def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int) -> bool:
-    """Whether cuTensorMapEncodeTiled accepts this tensor as a streamed B: bf16, a 16-B
+    """Whether cuTensorMapEncodeTiled accepts this tensor as a TMA operand: bf16, a 16-B
     aligned non-null base, a row stride (2 ld bytes) that is a multiple of 16 below 2**40 and
     covers a row, and both dims in 1 .. 2**32."""
     if dtype != _BF16 or ptr <= 0 or ptr % 16:
@@ -56,16 +70,17 @@ def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int) -> bool:
     return stride % 16 == 0 and stride < 2 ** 40
 
 
-def encode(ptr: int, rows: int, cols: int, ld: int) -> bytes:
+def encode(ptr: int, rows: int, cols: int, ld: int, box_rows: int = STREAM_BOX_ROWS) -> bytes:
     """The 128-byte CUtensorMap of a bf16 (rows x cols, leading dimension ld) tensor at device
-    address ptr, as the weight stream reads it. A host-only driver call: no stream, no sync."""
+    address ptr, boxes of 64 columns x box_rows rows. A host-only driver call: no stream, no
+    sync."""
     from .driver import _bindings, check
     drv = _bindings()
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
     tmap = check(drv.cuTensorMapEncodeTiled(
         drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, int(ptr),
         [u64(cols), u64(rows)], [u64(_BF16_BYTES * ld)],
-        [u32(abi.STREAM_BOX_COLS), u32(abi.STREAM_BOX_ROWS)], [u32(1), u32(1)],
+        [u32(abi.STREAM_BOX_COLS), u32(box_rows)], [u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
@@ -85,26 +100,26 @@ def maps_view(buf: np.ndarray, n: int) -> np.ndarray:
 
 
 def ready_view(buf: np.ndarray, n: int) -> np.ndarray:
-    """The n ready flags of a table image (u32)."""
+    """The n ready words of a table image (u32: the box rows of each map, 0 for none)."""
     o = abi.ready_offset(n)
     return buf[o:o + 4 * n].view(np.uint32)
 
 
-def write_maps(buf: np.ndarray, n: int, entries: np.ndarray, slots: Iterable[int],
+def write_maps(buf: np.ndarray, n: int, entries: np.ndarray, boxes: Mapping[int, int],
                encoder: Encoder | None = None) -> int:
-    """(Re)encode the maps of `slots` from `entries` into the table image `buf` and set their
-    ready flags; other slots are left as they are. Returns how many were encoded. The encoder
-    (default: the driver's) is called only for encodable tensors."""
+    """(Re)encode the maps of `boxes` ({slot: box rows}) from `entries` into the table image
+    `buf` and set their ready words; other slots are left as they are. Returns how many were
+    encoded. The encoder (default: the driver's) is called only for encodable tensors."""
     maps, ready = maps_view(buf, n), ready_view(buf, n)
     done = 0
-    for slot in slots:
+    for slot, box_rows in boxes.items():
         if not 0 <= slot < n:
             continue
         e = entries[slot]
         args = (int(e["ptr"]), int(e["rows"]), int(e["cols"]), int(e["ld"]))
         if encodable(*args, int(e["dtype"])):
-            maps[slot] = np.frombuffer((encoder or encode)(*args), dtype=np.uint8)
-            ready[slot] = 1
+            maps[slot] = np.frombuffer((encoder or encode)(*args, box_rows), dtype=np.uint8)
+            ready[slot] = box_rows
             done += 1
         else:
             maps[slot] = 0
@@ -112,11 +127,12 @@ def write_maps(buf: np.ndarray, n: int, entries: np.ndarray, slots: Iterable[int
     return done
 
 
-def fill_table(buf: np.ndarray, n: int, entries: np.ndarray, slots: Iterable[int],
+def fill_table(buf: np.ndarray, n: int, entries: np.ndarray, boxes: Mapping[int, int],
                encoder: Encoder | None = None) -> int:
     """The whole image of a tensor table of n entries into `buf` (uint8, at least
-    abi.table_bytes(n) long; the rest is zeroed): entries, then the maps and ready flags of
-    `slots`, every other map and flag zero. Returns how many maps were encoded."""
+    abi.table_bytes(n) long; the rest is zeroed): entries, then the maps and ready words of
+    `boxes` ({slot: box rows}), every other map and word zero. Returns how many maps were
+    encoded."""
     if entries.dtype != abi.TENSOR_DTYPE or len(entries) < n:
         raise TypeError(f"fill_table() takes at least {n} entries of abi.TENSOR_DTYPE")
     if buf.dtype != np.uint8 or buf.ndim != 1 or len(buf) < abi.table_bytes(n):
@@ -124,4 +140,4 @@ def fill_table(buf: np.ndarray, n: int, entries: np.ndarray, slots: Iterable[int
     buf[:] = 0
     raw = np.ascontiguousarray(entries[:n]).view(np.uint8)
     buf[:len(raw)] = raw
-    return write_maps(buf, n, entries, slots, encoder)
+    return write_maps(buf, n, entries, boxes, encoder)

@@ -80,20 +80,28 @@ def test_fused_epilogue_fp32(backend, rng, m, k, n, epi):
         assert (flags == want).all() and by_op == {"gemm": len(ins)}
 
 
+# n_pages 8: too few for the wgmma tiles, the mma.sync tiles run instead
+@pytest.mark.parametrize("n_pages", [None, 8], ids=["wgmma", "mma_sync"])
 @pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (129, 300, 130), (16, 1024, 256),
                                    (300, 129, 1)])
-def test_bf16_gemm(backend, rng, m, k, n, out_dtype):
+def test_bf16_gemm(backend, rng, m, k, n, out_dtype, n_pages):
     g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=out_dtype)
-    prog = megak.compile(g, backend=backend, **({"n_sm": 4} if backend == "sim" else {}))
+    opts = {"n_sm": 4} if backend == "sim" else {}
+    if n_pages:
+        opts["n_pages"] = n_pages
+    prog = megak.compile(g, backend=backend, **opts)
     _, out = check_graph(prog, g, rng, f"bf16 gemm {m}x{k}x{n} -> {out_dtype}")
     assert out["c"].dtype == megak.dtypes.numpy_dtype(out_dtype)
     ins = prog.plan.instrs
     g_ins = ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
     streamed = (g_ins["flags"] & abi.FLAG_STREAM) != 0   # <= 64 rows: tests/ops/test_gemm_stream.py
     assert streamed.all() == (m <= gemm.STREAM_M)
+    wide = (g_ins["flags"] & abi.FLAG_WGMMA) != 0        # tests/ops/test_gemm_wgmma.py
+    assert (wide == (~streamed & (n_pages is None))).all()
     assert (g_ins["pages"] == np.where(streamed, gemm.STREAM_PAGES,
-                                       gemm.PAGES_BY_DTYPE["bfloat16"])).all()
+                                       np.where(wide, gemm.WGMMA_PAGES,
+                                                gemm.PAGES_BY_DTYPE["bfloat16"]))).all()
 
 
 @pytest.mark.parametrize("epi", EPILOGUES[1:], ids=lambda e: "+".join(e))

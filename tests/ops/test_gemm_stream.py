@@ -203,7 +203,8 @@ def test_fp32_or_more_rows_keep_tiles(m, dtype):
     plan = scheduler.build_plan(g, n_sm=N_SM)
     ins = gemm_instrs(plan)
     assert not (ins["flags"] & abi.FLAG_STREAM).any() and plan.stream_pages == 0
-    assert (ins["cols"] == gemm.TILE_N).all()                     # 128 x 128 tiles
+    # 128 x 128 tiles, or 128 x 256 wgmma tiles for bf16
+    assert (ins["cols"] == gemm.tile_shape({"wgmma": dtype == "bfloat16"})[1]).all()
     assert "reduce" in scheduler.stats(plan)["instructions_per_opcode"]   # few tiles: split-K
 
 
@@ -275,7 +276,7 @@ def _flags_by_graph_op(plan, g, flag):
 
 @pytest.mark.parametrize("dtype,m,n_sm,split", [
     ("bfloat16", 16, N_SM, True),     # y1 streamed; y2 (B produced) split-K
-    ("bfloat16", 200, 4, False),      # 128 x 128 tiles
+    ("bfloat16", 200, 3, False),      # 2 wgmma tiles (128 x 256) for 3 SMs: no split
     ("bfloat16", 200, N_SM, True),    # bf16 split-K partials
     ("float32", 16, N_SM, True)])     # fp32 split-K partials
 def test_b_ready_exactly_when_b_is_a_graph_input(dtype, m, n_sm, split):

@@ -1,6 +1,6 @@
-"""The weight stream's tensor maps: the table layout from instr.h, which tensors TMA can
-describe, the table image with a fake encoder, the stream slots of a program, and the
-executor's tables on the fake driver. Only the `gpu` tests call the real driver."""
+"""The TMA operands' tensor maps: the table layout from instr.h, which tensors TMA can
+describe, the table image with a fake encoder, the map slots of a program and their boxes,
+and the executor's tables on the fake driver. Only the `gpu` tests call the real driver."""
 import numpy as np
 import pytest
 
@@ -16,10 +16,11 @@ F32 = abi.DTYPES["MK_DTYPE_F32"]
 
 def fake_encoder(calls=None):
     """A stand-in for cuTensorMapEncodeTiled: 128 bytes that name its arguments."""
-    def enc(ptr, rows, cols, ld):
+    def enc(ptr, rows, cols, ld, box_rows=128):
         if calls is not None:
-            calls.append((ptr, rows, cols, ld))
-        return np.array([ptr, rows, cols, ld] + [0xA5A5] * 12, dtype=np.uint64).tobytes()
+            calls.append((ptr, rows, cols, ld) + (() if box_rows == 128 else (box_rows,)))
+        return np.array([ptr, rows, cols, ld, box_rows] + [0xA5A5] * 11,
+                        dtype=np.uint64).tobytes()
     return enc
 
 
@@ -101,9 +102,10 @@ def test_fill_table_with_a_fake_encoder():
     n = len(entries)
     buf = np.full(abi.table_bytes(n) + 40, 0xEE, dtype=np.uint8)   # stale bytes everywhere
     calls = []
-    done = tensor_maps.fill_table(buf, n, entries, [1, 2, 3, 5, 99], fake_encoder(calls))
+    done = tensor_maps.fill_table(buf, n, entries, {1: 128, 2: 128, 3: 64, 5: 128, 99: 128},
+                                  fake_encoder(calls))
     assert done == 2
-    assert calls == [(0x20000, 256, 64, 64), (0x40000, 128, 96, 128)]
+    assert calls == [(0x20000, 256, 64, 64), (0x40000, 128, 96, 128, 64)]
     assert buf[:24 * n].tobytes() == entries.tobytes()
     assert not buf[24 * n:abi.tmap_offset(n)].any()              # padding
     assert not buf[abi.table_bytes(n):].any()                    # past the table
@@ -113,7 +115,7 @@ def test_fill_table_with_a_fake_encoder():
     for i in (0, 2, 4, 5):
         assert not maps[i].any(), i
     ready = buf[abi.ready_offset(n):abi.table_bytes(n)].view(np.uint32)
-    np.testing.assert_array_equal(ready, [0, 1, 0, 1, 0, 0])
+    np.testing.assert_array_equal(ready, [0, 128, 0, 64, 0, 0])
     np.testing.assert_array_equal(tensor_maps.ready_view(buf, n), ready)
     np.testing.assert_array_equal(tensor_maps.maps_view(buf, n), maps)
 
@@ -121,18 +123,18 @@ def test_fill_table_with_a_fake_encoder():
 def test_write_maps_redoes_only_its_slots():
     entries = entries_of([(0x20000, 256, 64, 64, BF16), (0x40000, 128, 64, 64, BF16)])
     buf = np.zeros(abi.table_bytes(2), dtype=np.uint8)
-    tensor_maps.fill_table(buf, 2, entries, [0, 1], fake_encoder())
+    tensor_maps.fill_table(buf, 2, entries, {0: 128, 1: 128}, fake_encoder())
     before = tensor_maps.maps_view(buf, 2).copy()
     entries[1]["ptr"] = 0x80000
     calls = []
-    assert tensor_maps.write_maps(buf, 2, entries, [1], fake_encoder(calls)) == 1
+    assert tensor_maps.write_maps(buf, 2, entries, {1: 128}, fake_encoder(calls)) == 1
     assert calls == [(0x80000, 128, 64, 64)]
     np.testing.assert_array_equal(tensor_maps.maps_view(buf, 2)[0], before[0])
     assert tensor_maps.maps_view(buf, 2)[1].view(np.uint64)[0] == 0x80000
     entries[1]["ptr"] = 0x80002                           # now misaligned: map and flag cleared
-    assert tensor_maps.write_maps(buf, 2, entries, [1], fake_encoder()) == 0
+    assert tensor_maps.write_maps(buf, 2, entries, {1: 128}, fake_encoder()) == 0
     assert not tensor_maps.maps_view(buf, 2)[1].any()
-    np.testing.assert_array_equal(tensor_maps.ready_view(buf, 2), [1, 0])
+    np.testing.assert_array_equal(tensor_maps.ready_view(buf, 2), [128, 0])
 
 
 def test_fill_table_without_stream_slots_calls_no_encoder():
@@ -141,39 +143,45 @@ def test_fill_table_without_stream_slots_calls_no_encoder():
 
     def refuse(*args):
         raise AssertionError("no map to encode")
-    assert tensor_maps.fill_table(buf, 3, entries, [], refuse) == 0
+    assert tensor_maps.fill_table(buf, 3, entries, {}, refuse) == 0
     assert not buf[abi.tmap_offset(3):].any()
 
 
 def test_fill_table_refuses_a_short_image():
     entries = entries_of([(0x20000, 256, 64, 64, BF16)] * 3)
     with pytest.raises(ValueError, match="needs"):
-        tensor_maps.fill_table(np.zeros(abi.table_bytes(3) - 1, np.uint8), 3, entries, [])
+        tensor_maps.fill_table(np.zeros(abi.table_bytes(3) - 1, np.uint8), 3, entries, {})
     with pytest.raises(TypeError):
-        tensor_maps.fill_table(np.zeros(abi.table_bytes(3), np.uint8), 3, entries[:2], [])
+        tensor_maps.fill_table(np.zeros(abi.table_bytes(3), np.uint8), 3, entries[:2], {})
 
 
 # -- stream slots ---------------------------------------------------------------------------
 
 def records(*rows):
-    """(opcode name, flags, B slot) per record."""
+    """(opcode name, flags, B slot[, A slot]) per record."""
     rec = abi.empty_instrs(len(rows))
-    for i, (op, flags, b) in enumerate(rows):
+    for i, row in enumerate(rows):
+        op, flags, b = row[:3]
         rec[i]["opcode"] = abi.OPCODE_OF[op]
         rec[i]["flags"] = flags
-        rec[i]["tensor"][abi.ARG_A] = 0
+        rec[i]["tensor"][abi.ARG_A] = row[3] if len(row) > 3 else 0
         rec[i]["tensor"][abi.ARG_B] = b
         rec[i]["tensor"][abi.ARG_OUT] = 9
     return rec
 
 
-def test_stream_slots():
-    S, R = abi.FLAG_STREAM, abi.FLAG_B_READY
+def test_map_boxes():
+    S, R, W = abi.FLAG_STREAM, abi.FLAG_B_READY, abi.FLAG_WGMMA
     rec = records(("gemm", S | R, 3), ("gemm", R, 4), ("gemm", S | R | abi.FLAG_BIAS, 3),
                   ("gemm", S | R, 1), ("add", S, 5), ("nop", 0, 6), ("gemm", 0, 7))
-    assert tensor_maps.stream_slots(rec) == (1, 3)
-    assert tensor_maps.stream_slots(records(("gemm", R, 4))) == ()
-    assert tensor_maps.stream_slots(abi.empty_instrs(0)) == ()
+    assert tensor_maps.map_boxes(rec) == {1: 128, 3: 128}
+    assert tensor_maps.map_boxes(records(("gemm", R, 4))) == {}
+    assert tensor_maps.map_boxes(abi.empty_instrs(0)) == {}
+    # wgmma: A with 128-row boxes, B with 64; a slot wanted both ways keeps 128
+    rec = records(("gemm", W, 2, 8), ("gemm", W | R, 5, 2), ("gemm", S | R, 6),
+                  ("gemm", W, 6, 10), ("add", W, 11, 12))
+    assert tensor_maps.map_boxes(rec) == {2: 128, 5: 64, 6: 128, 8: 128, 10: 128}
+    assert list(tensor_maps.map_boxes(rec)) == [2, 5, 6, 8, 10]
 
 
 # -- the executor's tables, on the fake driver --------------------------------------------------
@@ -221,7 +229,7 @@ def test_fake_executor_tables_carry_the_maps(fake_gpu, monkeypatch):  # noqa: F8
             params = host_array(ex._dev_buf["params"].ptr, abi.PARAMS_DTYPE, (1,))[0]
             assert int(params["stream_pages"]) == 2 and int(params["n_tensors"]) == 3
             own = table_image(ex._dev_buf["tensors"].ptr, 3)
-            np.testing.assert_array_equal(tensor_maps.ready_view(own, 3), [0, 1, 0])
+            np.testing.assert_array_equal(tensor_maps.ready_view(own, 3), [0, 128, 0])
             assert tensor_maps.maps_view(own, 3)[1].view(np.uint64)[0] == w.buf.ptr
 
             ex.run({}, [])
@@ -233,7 +241,7 @@ def test_fake_executor_tables_carry_the_maps(fake_gpu, monkeypatch):  # noqa: F8
                 ex.run({}, [], external={1: wa})
                 table = seen[-1]
                 assert tensor_maps.maps_view(table, 3)[1].view(np.uint64)[0] == ext_ptrs[0]
-                np.testing.assert_array_equal(tensor_maps.ready_view(table, 3), [0, 1, 0])
+                np.testing.assert_array_equal(tensor_maps.ready_view(table, 3), [0, 128, 0])
             assert calls[1:] == [(ext_ptrs[0], 256, 64, 64)]
 
             # a binding of another slot keeps megak's map of the weights, encoding nothing
@@ -242,7 +250,7 @@ def test_fake_executor_tables_carry_the_maps(fake_gpu, monkeypatch):  # noqa: F8
             assert len(calls) == 2
             np.testing.assert_array_equal(tensor_maps.maps_view(seen[-1], 3),
                                           tensor_maps.maps_view(own, 3))
-            np.testing.assert_array_equal(tensor_maps.ready_view(seen[-1], 3), [0, 1, 0])
+            np.testing.assert_array_equal(tensor_maps.ready_view(seen[-1], 3), [0, 128, 0])
 
             # weights TMA cannot read (misaligned): no map, the device loads them itself
             # (prepared, not run: the fake kernel insists on 256-B aligned tensors)
@@ -304,9 +312,11 @@ def test_encode_a_real_map():
         assert isinstance(a, bytes) and len(a) == abi.TMAP_BYTES and any(a)
         b = tensor_maps.encode(buf.ptr + 256, 255, 64, 64)
         assert len(b) == abi.TMAP_BYTES and a != b
+        c = tensor_maps.encode(buf.ptr, 256, 64, 64, tensor_maps.WGMMA_B_BOX_ROWS)
+        assert len(c) == abi.TMAP_BYTES and c != a     # the box is in the map
         image = np.zeros(abi.table_bytes(1), np.uint8)
         entries = entries_of([(buf.ptr, 256, 64, 64, BF16)])
-        assert tensor_maps.fill_table(image, 1, entries, [0]) == 1
+        assert tensor_maps.fill_table(image, 1, entries, {0: 128}) == 1
         assert tensor_maps.maps_view(image, 1)[0].tobytes() == a
     finally:
         m.close()

@@ -53,6 +53,7 @@
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
 #include "gemm_stream.cuh"
+#include "gemm_wgmma.cuh"
 
 /* MK_GEMM_PAGES = 4, MK_GEMM_TILE_M = MK_GEMM_TILE_N = 128, MK_GEMM_BK = 32 and
  * MK_GEMM_OPERANDS come from instr.h. */
@@ -69,6 +70,9 @@ static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or 
 
 __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
+    if (in.flags & MK_FLAG_WGMMA)
+        return !(in.flags & MK_FLAG_STREAM) && in.pages >= MK_WGMMA_PAGES &&
+               mk_gemm_wgmma_check(in);
     if (in.flags & MK_FLAG_STREAM)
         return mk_gemm_stream_check(in);
     return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.k0 >= 0 && in.rows >= 0 &&
@@ -93,6 +97,8 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
                                                        (mk_u32)in.row0 + (mk_u32)in.rows,
                                                    in.col0, in.cols)));
     }
+    if ((in.flags & MK_FLAG_WGMMA) && op[MK_ARG_A].dtype != MK_DTYPE_BF16)
+        return false;
     return mk_epilogue_operands_ok(in, op) &&
            mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
            mk_tensor_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols);
@@ -255,6 +261,16 @@ __device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* o
     mk_gemm_bf16_run(in, op, pages);
 }
 
+/* The Hopper tiles (MK_FLAG_WGMMA), a function of their own like the other bodies. */
+__device__ __noinline__ void mk_gemm_wgmma(const mk_instr& in, const mk_tensor* op,
+                                           unsigned char* page_base, const mk_u8* page_idx,
+                                           mk_u32 preloaded, mk_u32* released)
+{
+    /* preloaded > 0: the loader produces the stages */
+    const mk_pages pages = {page_base, page_idx, preloaded, released, &mk_ctl().free_pages};
+    mk_gemm_wgmma_run(in, op, pages);
+}
+
 /* Its own function, like the other GEMM bodies, with their parameter list (another list cost
  * the separate-launch entry a stack frame): `stream` is the first stage position, with bit 31
  * set when the streamer delivers the stages (mk_pages.stream_stages > 0). */
@@ -272,7 +288,9 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 {
     if (in.rows <= 0 || in.cols <= 0)
         return;
-    if (in.flags & MK_FLAG_STREAM)
+    if (in.flags & MK_FLAG_WGMMA)
+        mk_gemm_wgmma(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+    else if (in.flags & MK_FLAG_STREAM)
         mk_gemm_stream(in, op, pages.base, pages.idx,
                        pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),
                        pages.released);
@@ -286,16 +304,34 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
  * the fp32 path transposes A on its way into shared memory, through registers. */
 __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
+    if (in.flags & MK_FLAG_WGMMA)
+        return mk_gemm_wgmma_preload_stages(in, op);
     if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16 ||
         (in.flags & MK_FLAG_STREAM))
         return 0;   /* a streamed GEMM's B comes through the ring; the op stages A itself */
     return mk_gemm_bf16_preload_stages(in, op);
 }
 
+/* L4 (parts MK_PRELOAD_B, B a graph input) and L6 (the rest). A wgmma record's copies are
+ * TMA copies tracked on its own barriers: all at L6, none waited for at L7. */
 __device__ __forceinline__ void mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
                                                 const mk_pages& pages, mk_u32 lane, mk_u32 parts)
 {
-    mk_gemm_bf16_preload(in, op, pages, lane, parts);
+    if (!(in.flags & MK_FLAG_WGMMA))
+        mk_gemm_bf16_preload(in, op, pages, lane, parts);
+    else if (parts & MK_PRELOAD_REST)
+        mk_gemm_wgmma_preload(in, pages, lane);
+}
+
+/* After L7 (the slot handed over): a wgmma record's remaining stages. */
+__device__ __forceinline__ mk_u32 mk_gemm_preload_late(const mk_instr& in, const mk_tensor* op,
+                                                       const mk_pages& pages, mk_u32 lane)
+{
+    (void)op;
+    mk_u32 error = MK_OK;
+    if ((in.flags & MK_FLAG_WGMMA) && lane == 0)
+        error = mk_gemm_wgmma_produce(in, pages.base, pages.idx);
+    return __shfl_sync(0xffffffffu, error, 0);
 }
 
 #endif /* MEGAK_OP_GEMM_CUH */

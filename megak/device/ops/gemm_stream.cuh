@@ -96,7 +96,7 @@ __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, cons
     if (in.opcode != MK_OP_GEMM || !(in.flags & MK_FLAG_STREAM) || p.stream_pages == 0 ||
         !mk_gemm_stream_check(in) || in.tensor[MK_ARG_B] >= p.n_tensors)
         return 0;
-    if (mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]) != 1u)
+    if (mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]) != (mk_u32)MK_STREAM_BOX_ROWS)
         return 0;
     return ((mk_u32)in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
 }
@@ -120,6 +120,23 @@ __device__ __forceinline__ mk_u32 mk_stream_a_at(mk_u32 slot, int r, int c)
     return slot + 32u * r + ((mk_u32)(c ^ ((r >> 2) & 1)) << 4);
 }
 
+/* The first min(n, 8) bf16 at src (scalar loads: no alignment needed), zeros after, packed
+ * as 8 halves. Two 64-bit words, not an array indexed by j: a dynamically indexed array lives
+ * in local memory. */
+__device__ __forceinline__ uint4 mk_ld_u16x8(const mk_u16* src, int n)
+{
+    mk_u64 lo = 0, hi = 0;
+#pragma unroll 1
+    for (int j = 0; j < n && j < 8; ++j) {
+        const mk_u64 v = (mk_u64)mk_ld_u16(src + j) << (16 * (j & 3));
+        if (j < 4)
+            lo |= v;
+        else
+            hi |= v;
+    }
+    return make_uint4((mk_u32)lo, (mk_u32)(lo >> 32), (mk_u32)hi, (mk_u32)(hi >> 32));
+}
+
 /* This warp's A slice of stage t into `slot`: rows [0, 16 mts), k [kk, kk + 16) relative to the
  * tile origin ga (zeros past rows and klen). vec: cp.async (the caller commits), else
  * synchronous scalar loads. */
@@ -137,12 +154,9 @@ __device__ __forceinline__ void mk_stream_stage_a(mk_u32 slot, const mk_u16* ga,
         if (vec) {
             mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
         } else {
-            mk_u32 w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll 1
-            for (int j = 0; j < n; ++j)
-                w[j >> 1] |= mk_ld_u16(src + j) << (16 * (j & 1));
+            const uint4 w = mk_ld_u16x8(src, n);
             asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                         : : "r"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+                         : : "r"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
         }
     }
 }
@@ -159,19 +173,16 @@ __device__ __forceinline__ void mk_stream_fill_box(mk_u32 st, const mk_tensor& T
         const int r = i >> 3, c = i & 7;
         const int k = k_row + r, col = col0 + 8 * c;
         const int nv = k < (int)TB.rows ? (int)TB.cols - col : 0;
-        mk_u32 w[4] = {0u, 0u, 0u, 0u};
+        uint4 w;
         const mk_u16* src = gb + (mk_u64)k * TB.ld + col;
-        if (vec && nv >= 8) {
+        if (vec && nv >= 8)
             asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(src));
-        } else {
-#pragma unroll 1
-            for (int j = 0; j < 8 && j < nv; ++j)
-                w[j >> 1] |= mk_ld_u16(src + j) << (16 * (j & 1));
-        }
+                         : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(src));
+        else
+            w = mk_ld_u16x8(src, nv);
         asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                     : : "r"(st + 128u * r + ((mk_u32)(c ^ (r & 7)) << 4)), "r"(w[0]), "r"(w[1]),
-                         "r"(w[2]), "r"(w[3]) : "memory");
+                     : : "r"(st + 128u * r + ((mk_u32)(c ^ (r & 7)) << 4)), "r"(w.x), "r"(w.y),
+                         "r"(w.z), "r"(w.w) : "memory");
     }
 }
 

@@ -1,0 +1,151 @@
+"""The Hopper bf16 GEMM tiles (MK_FLAG_WGMMA, megak/device/ops/gemm_wgmma.cuh): 128 x 256
+tiles on wgmma with TMA copies, checked against float64 with each op's bound, on the simulator
+and the GPU.
+
+Paths on the GPU: the TMA ring with one m64n256k16 per k16 step (a stage's B pages side by
+side, as the allocator hands them out here), and the generic fill (an operand TMA cannot
+describe: a row stride that is not a multiple of 16 bytes), which runs the two-m64n128k16 form
+the TMA ring takes when B's pages are apart. Edge tiles (rows, columns, K not a multiple of
+64: the boxes' zero fill), split-K partials and every fused epilogue."""
+import numpy as np
+import pytest
+
+import megak
+from megak import abi
+from megak.ops import gemm
+from tests.ops.test_gemm import EPILOGUES, epilogue_graph
+from tests.reference import assert_close, check_graph, evaluate, random_inputs
+
+
+def wgmma_records(prog):
+    ins = prog.plan.instrs
+    g = ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
+    return g[(g["flags"] & abi.FLAG_WGMMA) != 0]
+
+
+def compile_for(g, backend, n_sm=4):
+    return megak.compile(g, backend=backend, **({"n_sm": n_sm} if backend == "sim" else {}))
+
+
+# M > MK_STREAM_M (64), so that a bf16 GEMM of a graph input B is tiled, not streamed
+@pytest.mark.parametrize("m,k,n", [(65, 1, 3), (128, 64, 256), (200, 64, 257), (300, 200, 520),
+                                   (129, 1000, 130), (256, 4096, 256)])
+def test_wgmma_matches_float64(backend, rng, m, k, n):
+    g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype="float32")
+    prog = compile_for(g, backend)
+    check_graph(prog, g, rng, f"wgmma gemm {m}x{k}x{n}")
+    rec = wgmma_records(prog)
+    assert len(rec) and (rec["pages"] == gemm.WGMMA_PAGES).all()
+    assert (rec["cols"] <= gemm.WGMMA_TILE_N).all() and (rec["rows"] <= gemm.WGMMA_TILE_M).all()
+
+
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("epi", EPILOGUES,
+                         ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()) or "plain")
+def test_wgmma_fused_epilogues(backend, rng, epi, out_dtype):
+    g = epilogue_graph(200, 96, 300, dtype="bfloat16", out_dtype=out_dtype, **epi)
+    prog = compile_for(g, backend, n_sm=2)   # 2 SMs, 4 tiles: no split, the epilogue fused
+    check_graph(prog, g, rng, f"wgmma gemm+{epi} -> {out_dtype}")
+    rec = wgmma_records(prog)
+    assert len(rec) == 4
+    want = gemm.epilogue_flags(g.ops[0])
+    flags = rec["flags"].astype(np.int64) & ~(abi.FLAG_WGMMA | abi.FLAG_B_READY)
+    assert (flags == want).all()
+
+
+def test_wgmma_split_k(backend, rng):
+    # 2 output tiles for 16 SMs: split over K into fp32 partials (wgmma tiles too), then the
+    # reduce with the epilogue
+    g = epilogue_graph(256, 2048, 200, dtype="bfloat16", bias=True, activation="gelu")
+    prog = compile_for(g, backend, n_sm=16)
+    check_graph(prog, g, rng, "wgmma split-K")
+    by_op = prog.stats["instructions_per_opcode"]
+    assert "reduce" in by_op
+    rec = wgmma_records(prog)
+    assert len(rec) == by_op["gemm"] and len(rec) > 2
+    assert (rec["klen"] % gemm.abi.OP_SHAPES["MK_WGMMA_BK"] == 0).sum() >= len(rec) - 2
+
+
+def test_wgmma_tiles_cover_the_output_once():
+    g = epilogue_graph(300, 50, 700, dtype="bfloat16")
+    prog = megak.compile(g, backend="sim", n_sm=2)
+    cover = np.zeros((300, 700), dtype=int)
+    for r in wgmma_records(prog):
+        cover[r["row0"]:r["row0"] + r["rows"], r["col0"]:r["col0"] + r["cols"]] += 1
+    assert (cover == 1).all()
+    assert len(wgmma_records(prog)) == 3 * 3
+
+
+def test_few_pages_keep_the_mma_sync_tiles(rng):
+    g = epilogue_graph(200, 96, 300, dtype="bfloat16")
+    prog = megak.compile(g, backend="sim", n_sm=2, n_pages=gemm.WGMMA_PAGES - 1)
+    check_graph(prog, g, rng, "mma.sync tiles")
+    assert len(wgmma_records(prog)) == 0
+
+
+def test_simulator_checks_wgmma_records():
+    g = epilogue_graph(200, 96, 300, dtype="bfloat16")
+    prog = megak.compile(g, backend="sim", n_sm=2)
+    rec = wgmma_records(prog)[0]
+    assert gemm.OP.check_record(rec)
+    for field, value in (("cols", gemm.WGMMA_TILE_N + 1), ("rows", gemm.WGMMA_TILE_M + 1),
+                         ("pages", gemm.WGMMA_PAGES - 1)):
+        bad = rec.copy()
+        bad[field] = value
+        assert not gemm.OP.check_record(bad), field
+    bad = rec.copy()
+    bad["flags"] |= abi.FLAG_STREAM
+    assert not gemm.OP.check_record(bad)
+    assert gemm.OP.min_pages(rec) == gemm.WGMMA_PAGES
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_wgmma_operand_tma_cannot_describe(rng, which):
+    """A torch view whose row stride is 2 (K + 3) bytes: no tensor map, the generic fill."""
+    torch = pytest.importorskip("torch")
+    m, k, n = 200, 100, 300
+    g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype="float32", bias=True)
+    prog = megak.compile(g, backend="cuda")
+    host = random_inputs(g, rng)
+    dev = {name: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16).cuda()
+           for name, v in host.items()}
+    rows, cols = dev[which].shape
+    wide = torch.full((rows, cols + 3), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wide[:, :cols] = dev[which]
+    dev[which] = wide[:, :cols]                   # row stride cols + 3 elements
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    prog.run(out={"c": out}, **dev)
+    env = evaluate(g, host)
+    value, bound = env[g.outputs["c"].index]
+    assert_close(out.cpu().numpy(), value, bound, f"wgmma, {which} without a map")
+
+
+@pytest.mark.parametrize("n_sm", [1, 2])
+def test_wgmma_tiles_back_to_back(backend, rng, n_sm):
+    """Many tiles per SM: each instruction's loader initialises the barriers and produces its
+    stages while the one before may still be storing."""
+    g = epilogue_graph(384, 640, 768, dtype="bfloat16", out_dtype="bfloat16", residual=True)
+    prog = megak.compile(g, backend=backend, n_sm=n_sm)
+    check_graph(prog, g, rng, f"wgmma, {n_sm} SMs")
+    assert len(wgmma_records(prog)) == 9
+
+
+@pytest.mark.gpu
+def test_wgmma_stress(rng):
+    """The ring the loader produces, many times over: 24 random GEMMs (every epilogue, both
+    output dtypes) on 1 to 3 SMs, so tiles run back to back (barriers initialised again per
+    tile, pages handed back before a register epilogue), 4 runs each on fresh inputs, every
+    output against float64."""
+    for i in range(24):
+        m, k, n = int(rng.integers(65, 520)), int(rng.integers(1, 700)), int(rng.integers(1, 800))
+        epi = EPILOGUES[i % len(EPILOGUES)]
+        out_dtype = ("bfloat16", "float32")[i % 2]
+        g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=out_dtype, **epi)
+        prog = megak.compile(g, backend="cuda", n_sm=int(rng.integers(1, 4)))
+        try:
+            assert len(wgmma_records(prog)) > 0
+            for run in range(4):
+                check_graph(prog, g, rng, f"stress {i} ({m}x{k}x{n}, {epi}) run {run}")
+        finally:
+            prog.close()
