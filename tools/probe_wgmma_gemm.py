@@ -20,6 +20,14 @@ consumer a function of its own, so ptxas serialises its wgmma), every element ve
 8192^3 n256 770.7, n128x2 764.7, serial 700.4, n128x2 serial 667.3 TFLOP/s (torch 806.7);
 4096^3 715.1 / 696.9 / 630.6 / 613.6 (torch 791.7).
 
+What megak's op adds to the serialised MMAs, one knob each (variants `... gmaps`: the maps
+read from global memory, as from megak's tensor table; `... restart`: the producer issues a
+tile's first stages only once every consumer warp finished the k loop of the tile before, as
+megak's one tile per instruction drains the ring; `rowmajor`: the order of megak's list
+scheduling), and all three together. megak's op ran its k loop at 0.83 us per k-block of 64
+against the serialised probe's 0.63 (benchmarks/ANALYSIS.md); these rows are to say which
+knob costs what (written after the last device run of the session: not yet measured).
+
 The kernel (one source, two entries; one block per SM, grid = min(SMs, tiles), 384 threads):
 
   tiles      128 (M) x 256 (N), k-blocks of BK = 64. Block b takes tiles b, b + grid, ...
@@ -137,8 +145,10 @@ THREADS = 384
 MAX_STAGES = 4
 SMEM = 1024 + 13 * PAGE           # alignment slack + 13 pages (12 for the ring, 1 for barriers)
 ENTRIES = ("wgmma_gemm_mn", "wgmma_gemm_kt", "wgmma_gemm_mn_n128", "wgmma_gemm_mn_serial",
-           "wgmma_gemm_mn_n128_serial")
-SERIAL_ENTRIES = ("wgmma_gemm_mn_serial", "wgmma_gemm_mn_n128_serial")   # C7510 expected
+           "wgmma_gemm_mn_n128_serial", "wgmma_gemm_mn_serial_gmaps")
+SERIAL_ENTRIES = ("wgmma_gemm_mn_serial", "wgmma_gemm_mn_n128_serial",
+                  "wgmma_gemm_mn_serial_gmaps")   # C7510 expected
+STORE_OUT, STORE_RESTART = 1, 2   # the kernels' `store` bits
 DEFAULT_SIZES = ("8192x8192x8192", "4096x4096x4096", "512x4096x4096")
 TIMEOUT_NS = 2_000_000_000
 ERRORS = {1: "bad arguments", 2: "consumer: full-barrier wait passed its deadline",
@@ -161,6 +171,8 @@ struct __align__(128) TmaMap { u64 opaque[16]; };
 #define PRODUCER_REGS 40
 #define CONSUMER_REGS 232
 #define TIMEOUT_NS @TIMEOUT_NS@ull
+#define STORE_OUT 1u       /* Args.store bits: store the tile */
+#define STORE_RESTART 2u   /* the ring drains between tiles (megak's one tile per instruction) */
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 65536, "setmaxnreg: the file holds both");
 static_assert(BM * BK * 2 == PAGE && BK * BN * 2 == 2 * PAGE, "a stage = A page + 2 B pages");
 
@@ -285,11 +297,21 @@ __device__ __noinline__ void producer(const TmaMap* mapA, const TmaMap* mapB, un
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");   /* see the header */
     const u32 tiles_m = a.M / BM, tiles_n = a.N / BN, tiles = tiles_m * tiles_n, nk = a.K / BK;
     const u32 S = a.stages;
-    u32 slot = 0, phase = 0, issued = 0;
+    u32 slot = 0, phase = 0, issued = 0, done = 0;
+    u64* tile_done = empty + MAX_STAGES;
 #pragma unroll 1
     for (u32 t = blockIdx.x; t < tiles; t += gridDim.x) {
         u32 tm, tn;
         tile_coords(t, tiles_m, tiles_n, a.group_m, tm, tn);
+        /* STORE_RESTART: as megak runs one tile per instruction, the next tile's copies wait
+         * until every consumer warp finished the k loop of the one before (the ring drains) */
+        if ((a.store & STORE_RESTART) && t != blockIdx.x) {
+            if (!mbar_wait(tile_done, done & 1u)) {
+                report(a.err, 3u, 0u, t, 0u, 0u, done & 1u);
+                return;
+            }
+            ++done;
+        }
 #pragma unroll 1
         for (u32 kb = 0; kb < nk; ++kb) {
             /* round >= 1: the slot's previous stage (round - 1) must have been released */
@@ -378,9 +400,12 @@ __device__ __forceinline__ void consumer(u32 wg, unsigned char* ring, u64* full,
         }
         wgmma_wait<0>();
         fence_acc(acc);
-        if (lane == 0u)
+        if (lane == 0u) {
             mbar_arrive(&empty[prev]);
-        if (a.store) {
+            if (a.store & STORE_RESTART)
+                mbar_arrive(empty + MAX_STAGES);   /* tile_done: this warp's k loop is over */
+        }
+        if (a.store & STORE_OUT) {
             const u32 row = tm * BM + 64u * wg + 16u * w4 + (lane >> 2);
             unsigned short* c = a.C + (u64)row * a.N + tn * BN + 2u * (lane & 3u);
 #pragma unroll
@@ -425,6 +450,7 @@ __device__ __forceinline__ void gemm_body(const TmaMap* mapA, const TmaMap* mapB
             mbar_init(&full[i], 1u);    /* the producer's expect_tx arrival (+ tx bytes) */
             mbar_init(&empty[i], 8u);   /* lane 0 of each consumer warp */
         }
+        mbar_init(empty + MAX_STAGES, 8u);   /* tile_done (STORE_RESTART) */
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -458,6 +484,15 @@ NAME(const __grid_constant__ TmaMap mapA, const __grid_constant__ TmaMap mapB,  
     const Args a = {C, M, N, K, stages, group_m, store, err};                               \
     gemm_body<false, N128, SERIAL>(&mapA, &mapB, a);                                        \
 }
+/* The maps in global memory (megak's tensor table) instead of kernel parameters. */
+extern "C" __global__ void __launch_bounds__(384, 1)
+wgmma_gemm_mn_serial_gmaps(const TmaMap* mapA, const TmaMap* mapB, unsigned short* C, u32 M,
+                           u32 N, u32 K, u32 stages, u32 group_m, u32 store, u32* err)
+{
+    const Args a = {C, M, N, K, stages, group_m, store, err};
+    gemm_body<false, false, true>(mapA, mapB, a);
+}
+
 MN_ENTRY(wgmma_gemm_mn_n128, true, false)
 MN_ENTRY(wgmma_gemm_mn_serial, false, true)
 MN_ENTRY(wgmma_gemm_mn_n128_serial, true, true)
@@ -548,6 +583,14 @@ VARIANTS = (
     ("mn n128x2 s4 grouped", "wgmma_gemm_mn_n128", 4, True, True),
     ("mn serial s4 grouped", "wgmma_gemm_mn_serial", 4, True, True),
     ("mn n128x2 serial s4 grouped", "wgmma_gemm_mn_n128_serial", 4, True, True),
+    # what megak's op adds to the serialised MMAs, one thing at a time: maps in global memory,
+    # the ring drained between tiles, row-major order; then all three
+    ("mn serial s4 grouped gmaps", "wgmma_gemm_mn_serial_gmaps", 4, True, True),
+    ("mn serial s4 grouped restart", "wgmma_gemm_mn_serial", 4, True,
+     STORE_OUT | STORE_RESTART),
+    ("mn serial s4 rowmajor", "wgmma_gemm_mn_serial", 4, False, True),
+    ("mn serial s4 rowmajor restart gmaps", "wgmma_gemm_mn_serial_gmaps", 4, False,
+     STORE_OUT | STORE_RESTART),
 )
 
 
@@ -693,6 +736,12 @@ def run(args):
                 "wgmma_gemm_kt": (tmap(a, 128), tmap(bt, 128))}
         for e in ENTRIES[2:]:
             maps[e] = maps["wgmma_gemm_mn"]
+        # the gmaps entry reads both maps from global memory, as megak's op does from its
+        # tensor table (128-B aligned, side by side)
+        raw = bytes(maps["wgmma_gemm_mn"][0]) + bytes(maps["wgmma_gemm_mn"][1])
+        gmaps = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(dev)
+        maps["wgmma_gemm_mn_serial_gmaps"] = (ctypes.c_uint64(gmaps.data_ptr()),
+                                              ctypes.c_uint64(gmaps.data_ptr() + 128))
         out = torch.empty((M, N), dtype=torch.bfloat16, device=dev)
         by_name = {}
         for name, entry, stages, grouped, store in variants:
