@@ -123,6 +123,13 @@ def tile_shape(attrs: dict) -> tuple[int, int]:
     return (WGMMA_TILE_M, WGMMA_TILE_N) if attrs.get("wgmma") else (TILE_M, TILE_N)
 
 
+def _tile_pages_and_flag(attrs: dict, dtype: str) -> tuple[int, int]:
+    """(pages, MK_FLAG_WGMMA or 0) of a tiled unit's records."""
+    if attrs.get("wgmma"):
+        return WGMMA_PAGES, abi.FLAG_WGMMA
+    return PAGES_BY_DTYPE[dtype], 0
+
+
 def split_k_factor(m: int, k: int, n: int, n_sm: int,
                    tile_n: int = TILE_N) -> tuple[int, int]:
     """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
@@ -164,8 +171,8 @@ class Gemm(OpDef):
             return [unit.with_(inputs=inputs,
                                attrs=dict(unit.attrs, stream=parts, chunk=chunk))]
         wide = uses_wgmma(a.dtype, ctx.n_pages)
-        splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm, tile_shape(
-            {"wgmma": wide})[1])
+        splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm,
+                                       WGMMA_TILE_N if wide else TILE_N)
         if splits == 1:
             return [unit.with_(attrs=dict(unit.attrs, wgmma=True))] if wide else [unit]
         part = ctx.new_tensor((splits * a.rows, b.cols), "float32",
@@ -185,7 +192,7 @@ class Gemm(OpDef):
         return unit.attrs.get("split", 1) * -(-m // tm) * -(-n // tn)
 
     def lower(self, unit) -> Lowered:
-        """One instruction per 128 x 128 output tile over the whole K (or _lower_split,
+        """One instruction per output tile (tile_shape) over the whole K (or _lower_split,
         _lower_stream)."""
         if unit.attrs.get("split"):
             return self._lower_split(unit)
@@ -216,9 +223,8 @@ class Gemm(OpDef):
         nbytes = size * (tm * k + k * tn) + out_size * tm * tn
         total_bytes = (size * (m * k + k * n) + out_size * m * n
                        + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
-        wide = abi.FLAG_WGMMA if unit.attrs.get("wgmma") else 0
-        return Lowered(self.opcode, WGMMA_PAGES if wide else PAGES_BY_DTYPE[a.dtype], row_edges,
-                       col_edges, reads,
+        pages, wide = _tile_pages_and_flag(unit.attrs, a.dtype)
+        return Lowered(self.opcode, pages, row_edges, col_edges, reads,
                        cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                        flops=float(flops.sum()), bytes=float(total_bytes),
                        extra={"k0": zeros, "klen": full_k}, operands=operands,
@@ -246,9 +252,8 @@ class Gemm(OpDef):
         size = ITEMSIZE[a.dtype]
         flops = 2.0 * tm * tn * kl
         nbytes = size * (tm * kl + kl * tn) + 4 * tm * tn
-        wide = abi.FLAG_WGMMA if unit.attrs.get("wgmma") else 0
-        return Lowered(self.opcode, WGMMA_PAGES if wide else PAGES_BY_DTYPE[a.dtype], row_edges,
-                       col_edges, reads,
+        pages, wide = _tile_pages_and_flag(unit.attrs, a.dtype)
+        return Lowered(self.opcode, pages, row_edges, col_edges, reads,
                        cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                        flops=float(flops.sum()),
                        bytes=float(size * (m * k + k * n) + 4 * splits * m * n),
@@ -424,7 +429,9 @@ def _bf16_vec(*offsets: int) -> bool:
 WGMMA_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
                       phases=((tuple(range(WGMMA_PAGES)), ()),))
 # the same tile with an epilogue of at most a bias: stored from registers, so every page goes
-# back right after the k loop (gemm_wgmma.cuh, mk_wgmma_register_epilogue)
+# back right after the k loop (gemm_wgmma.cuh, mk_wgmma_register_epilogue). A record whose
+# operands have no tensor maps (known only at run time) stages its epilogue instead and keeps
+# its pages to the end: later than this plan says, which no other instruction can notice
 WGMMA_REGISTER_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
                                phases=((tuple(range(WGMMA_PAGES)), tuple(range(WGMMA_PAGES))),
                                        ((), ())))

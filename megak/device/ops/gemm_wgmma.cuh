@@ -201,7 +201,7 @@ __device__ __forceinline__ void mk_wgmma_m64n128k16(float (&d)[128], mk_u64 da, 
                  : "l"(da), "l"(db), "r"(accumulate));
 }
 
-/* ---- the issuer (compute thread 0) ------------------------------------------------------- */
+/* ---- the issuer (loader lane 0; compute thread 0 where there is no loader) ------------- */
 __device__ __forceinline__ void mk_wgmma_tma(mk_u32 dst, const void* map, int c0, int r0, mk_u64* bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -276,7 +276,7 @@ __device__ __forceinline__ bool mk_wgmma_wait_bar(mk_u64* bar, mk_u32 parity, mk
     return true;
 }
 
-/* ---- after the k loop (functions: no wgmma in them) ------------------------------------- */
+/* ---- after the k loop --------------------------------------------------------------- */
 
 /* The two 128-column halves of the staged tile through the shared epilogue. */
 __device__ __forceinline__ void mk_gemm_wgmma_epilogue(const mk_instr& in, const mk_tensor* op,
