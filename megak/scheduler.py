@@ -18,9 +18,11 @@
    reading a 128-row band of a GEMM output waits on one row counter, not K/128 tiles).
    Small fp32 intermediates between ops that can poll them (flagged_tensors) carry their
    own flags instead (device/flag.cuh): their edges have no counters in the records;
-3. place instructions on SMs by list scheduling: in global (topological) order, each goes to
-   the SM that frees up first, so queue order follows a topological order of the dependency
-   graph and the schedule is deadlock-free by construction;
+3. place instructions on SMs by list scheduling: op by op in topological order, and inside
+   an op in its lowering's placement order (Lowered.placement: a GEMM's grouped tile order),
+   each goes to the SM that frees up first, so queue order follows a topological order of
+   the dependency graph (an op's instructions do not depend on each other) and the schedule
+   is deadlock-free by construction;
 4. check it anyway (`check_deadlock_free`), from the encoded records alone.
 """
 from __future__ import annotations
@@ -222,11 +224,16 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
 
     # 3. placement
     cost = np.concatenate([low.cost_ns for low in lowered]) if total else np.zeros(0)
-    sm = _place(ins, cost, n_sm, n_counters)
-    order = np.lexsort((np.arange(total), sm))
+    placement = np.concatenate(
+        [op_start[op.index] + (np.arange(low.n) if low.placement is None else low.placement)
+         for op, low in zip(units, lowered)]) if total else np.zeros(0, dtype=np.int64)
+    sm = _place(ins, cost, n_sm, n_counters, placement)
+    position = np.empty(total, dtype=np.int64)   # of each instruction in the placement order
+    position[placement] = np.arange(total)
+    order = np.lexsort((position, sm))
     ins = ins[order]
     queue_start = np.searchsorted(sm[order], np.arange(n_sm + 1)).astype(np.uint32)
-    rank = order  # global (topological) index of each queued instruction
+    rank = position[order]  # a topological index of each queued instruction
 
     # a tensor no unit writes (a dropped op's, or one fused away) gets no memory; hidden
     # inputs (a streamed GEMM's partials) are written by the unit that reads them
@@ -417,9 +424,11 @@ def _wait_lists(level, blk, p_cols, rb0, nrb, cb0, ncb):
     return out
 
 
-def _place(ins: np.ndarray, cost: np.ndarray, n_sm: int, n_counters: int) -> np.ndarray:
-    """List scheduling in global order: each instruction goes to the SM that frees first;
-    it starts when that SM is free and its counters are complete (+ a hand-off)."""
+def _place(ins: np.ndarray, cost: np.ndarray, n_sm: int, n_counters: int,
+           placement: np.ndarray) -> np.ndarray:
+    """List scheduling in the order `placement` (instruction indices, a topological order):
+    each instruction goes to the SM that frees first; it starts when that SM is free and its
+    counters are complete (+ a hand-off)."""
     total = len(ins)
     sm_of = np.empty(total, dtype=np.int64)
     ready_of_counter = [0.0] * max(n_counters, 1)
@@ -430,7 +439,7 @@ def _place(ins: np.ndarray, cost: np.ndarray, n_sm: int, n_counters: int) -> np.
     waits = ins["wait_counter"].tolist()
     signals = ins["signal_counter"].tolist()
     cost_l = cost.tolist()
-    for i in range(total):
+    for i in placement.tolist():
         ready = 0.0
         for w in range(n_waits[i]):
             r = ready_of_counter[waits[i][w]]

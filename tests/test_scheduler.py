@@ -96,6 +96,30 @@ def test_placement_balances_cost():
     assert plan.queue_lengths() == [8] * 8
 
 
+def test_gemm_tiles_are_placed_in_grouped_order():
+    """Tiles placed one after another run at the same time: a wide GEMM's first wave (each
+    SM's first tile) covers about sqrt(132 x 256 / 128) = 16 row bands of A and 132 / 16 column
+    bands of B, not 5 row bands and all 32 column bands as row-major order would; every tile
+    once, queue order still topological (a chain after it)."""
+    from megak.ops._lowering import grouped_order, tile_group
+    assert tile_group(132, 128, 256) == 16 and tile_group(132, 128, 128) == 11
+    order = grouped_order(5, 3, 2)
+    assert order.tolist() == [0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11, 12, 13, 14]
+    assert grouped_order(0, 3, 2).size == 0
+    g = megak.Graph()
+    a = g.input("a", (8192, 1024), "bfloat16")
+    y = g.gemm(a, g.input("b", (1024, 8192), "bfloat16"))
+    g.output(g.gemm(y, g.input("c", (8192, 512), "bfloat16")), "z")
+    plan = scheduler.build_plan(g, n_sm=132)
+    ins = plan.instrs
+    first = ins[plan.queue_start[:-1]]
+    assert (first["op_index"] == 0).all()
+    assert len(np.unique(first["row0"])) == 16 and len(np.unique(first["col0"])) == 9
+    op0 = ins[ins["op_index"] == 0]
+    assert len({(int(r), int(c)) for r, c in zip(op0["row0"], op0["col0"])}) == 64 * 32
+    scheduler.check_deadlock_free(plan)
+
+
 def test_queue_order_is_topological_and_checked():
     plan = scheduler.build_plan(chain_graph(), n_sm=4)
     scheduler.check_deadlock_free(plan)  # the full (Kahn) check passes too

@@ -35,6 +35,9 @@ class Lowered:
     combine: np.ndarray | None = None  # per instruction: its combine group (a band of
                                        # streamed parts); the scheduler puts the group's
                                        # counter in out_row0 (instr.h, MK_FLAG_STREAM)
+    placement: np.ndarray | None = None  # the order the scheduler places the instructions on
+                                       # SMs in (a permutation of 0..n-1; None: row-major):
+                                       # instructions placed together run at the same time
 
     @property
     def n_row_tiles(self) -> int:
@@ -59,6 +62,26 @@ def grid(row_edges: np.ndarray, col_edges: np.ndarray):
     c0, cn = col_edges[:-1], np.diff(col_edges)
     nr, nc = len(r0), len(c0)
     return np.repeat(r0, nc), np.repeat(rn, nc), np.tile(c0, nr), np.tile(cn, nr)
+
+
+def grouped_order(n_rows: int, n_cols: int, group: int) -> np.ndarray:
+    """The row-major tile indices of an n_rows x n_cols grid in grouped order: `group` tile
+    rows at a time, down each column of the group before the next column. Tiles placed one
+    after another run at the same time on different SMs; in row-major order the first wave
+    of a wide grid covers a few row bands and every column band, in this order about `group`
+    row bands and n_sm / group column bands, so they share more of their operands in L2."""
+    order = []
+    for g0 in range(0, n_rows, max(1, group)):
+        rows = np.arange(g0, min(g0 + group, n_rows), dtype=np.int64)
+        order.append((np.arange(n_cols, dtype=np.int64)[:, None] + rows[None, :] * n_cols).ravel())
+    return np.concatenate(order) if order else np.zeros(0, dtype=np.int64)
+
+
+def tile_group(n_sm: int, tile_m: int, tile_n: int) -> int:
+    """The group (tile rows) of grouped_order whose first wave of n_sm tiles reads the fewest
+    operand bytes per k step: g row bands of tile_m and n_sm / g column bands of tile_n cost
+    g tile_m + (n_sm / g) tile_n, least at g = sqrt(n_sm tile_n / tile_m)."""
+    return max(1, round((n_sm * tile_n / tile_m) ** 0.5))
 
 
 def edges(extent: int, tile: int) -> np.ndarray:

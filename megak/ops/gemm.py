@@ -29,7 +29,7 @@ from ..errors import GraphError
 from ..graph import check_2d, check_dtype, check_row_vector
 from ..pages import DEFAULT_PAGES, ring_pages
 from . import _epilogue
-from ._lowering import Lowered, Region, cost_ns, edges, grid
+from ._lowering import Lowered, Region, cost_ns, edges, grid, grouped_order, tile_group
 from .base import OpDef, PagePlan, Unit, region
 
 SHAPES = abi.OP_SHAPES
@@ -173,8 +173,11 @@ class Gemm(OpDef):
         wide = uses_wgmma(a.dtype, ctx.n_pages)
         splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm,
                                        WGMMA_TILE_N if wide else TILE_N)
-        if splits == 1:
-            return [unit.with_(attrs=dict(unit.attrs, wgmma=True))] if wide else [unit]
+        if splits == 1:   # tiles in grouped order (lower), in groups fitted to the SMs
+            tile_n = WGMMA_TILE_N if wide else TILE_N
+            tile_m = WGMMA_TILE_M if wide else TILE_M
+            attrs = dict(unit.attrs, group=tile_group(ctx.n_sm, tile_m, tile_n))
+            return [unit.with_(attrs=dict(attrs, wgmma=True) if wide else attrs)]
         part = ctx.new_tensor((splits * a.rows, b.cols), "float32",
                               f"t{unit.output.index}_partials")
         return [Unit("gemm", (a, b), part, {"split": splits, "chunk": chunk, "wgmma": wide},
@@ -224,11 +227,14 @@ class Gemm(OpDef):
         total_bytes = (size * (m * k + k * n) + out_size * m * n
                        + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
         pages, wide = _tile_pages_and_flag(unit.attrs, a.dtype)
+        group = unit.attrs.get("group")
         return Lowered(self.opcode, pages, row_edges, col_edges, reads,
                        cost_ns(flops, nbytes, tensor_cores=a.dtype == "bfloat16"),
                        flops=float(flops.sum()), bytes=float(total_bytes),
                        extra={"k0": zeros, "klen": full_k}, operands=operands,
-                       flags=_epilogue.flags(unit.attrs) | wide)
+                       flags=_epilogue.flags(unit.attrs) | wide,
+                       placement=None if group is None else
+                       grouped_order(len(row_edges) - 1, len(col_edges) - 1, group))
 
     def _lower_split(self, unit) -> Lowered:
         """Split-K partials: split s multiplies a[:, s*chunk:(s+1)*chunk] by the same rows of
