@@ -310,3 +310,46 @@ def test_bf16_tile_model(m, k, n, row0, col0, rows, cols, k0, klen):
     tile = _model_tile(a, b, row0, col0, rows, cols, k0, klen)
     np.testing.assert_allclose(tile[:rows, :cols], ref, rtol=1e-12, atol=1e-12)
     assert (tile[rows:] == 0).all() and (tile[:, cols:] == 0).all()
+
+
+# ---- the MK_WGMMA_ONLY kernel (device/pages.cuh): the wgmma body inlined, MMAs pipelined ----
+
+@pytest.fixture(scope="module")
+def wgmma_only(cache_dir):
+    return compiler.compile_megakernel(ARCH, defines={"MK_WGMMA_ONLY": 1}, cache_dir=cache_dir)
+
+
+def test_wgmma_only_kernel_pipelines_its_mmas(wgmma_only, tmp_path):
+    """ptxas reports no serialised wgmma (C7510 call boundary, C7511 registers, C7518 a
+    divergent wait), nothing spills, and in the SASS the k loop's four n256 MMAs go out back
+    to back: only the last of a stage carries the group's scoreboard and one wait
+    (DEPBAR.LE gsb0, 0x1) follows them, not one wait per MMA as in the general kernel."""
+    assert "serialized" not in wgmma_only.log, [
+        line for line in wgmma_only.log.splitlines() if "serialized" in line]
+    info = compiler.parse_ptxas_log(wgmma_only.log, "megakernel")
+    assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info
+    assert info["stack_bytes"] == 0, info
+    assert all(s == (0, 0) for s in compiler.function_spills(wgmma_only.log,
+                                                            "megakernel").values())
+    funcs = sass.functions(wgmma_only.cubin, tmp_path)
+    entry = [f for f in funcs if f.startswith("megakernel,")]
+    assert len(entry) == 1 and not [f for f in funcs if f.startswith(("megak_op,",
+                                                                     "megakernel_resident,"))]
+    mmas = re.findall(r"HGMMA\.(\d+x\d+)x16\.F32\.BF16[^;]*;", entry[0])
+    assert mmas and set(mmas) == {"64x256"}, mmas   # the n256 loop only
+    code = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", entry[0])]
+    at = [i for i, c in enumerate(code) if c.startswith("HGMMA")]
+    assert len(at) == 4, at                          # one stage of 4 k16 steps, in a loop
+    between = [c for c in code[at[0]:at[-1]] if "DEPBAR" in c]
+    assert not between, between                      # no wait between them
+    assert "gsb0" not in " ".join(code[i] for i in at[:-1])
+    assert "gsb0" in code[at[-1]]
+    waits = [c for c in code[at[-1]:at[-1] + 24] if "WARPGROUP.DEPBAR" in c]
+    assert waits and waits[0].strip().endswith("0x1"), waits   # wgmma.wait_group 1
+
+
+def test_general_kernel_serialises_its_wgmma(kernel):
+    """Why MK_WGMMA_ONLY exists: in the general kernel the wgmma body is a called function,
+    and ptxas says it serialises its MMAs. When this starts failing, ptxas learned to pipeline
+    wgmma across calls: the variant may then go."""
+    assert "C7510" in kernel.log

@@ -105,12 +105,18 @@ __device__ __forceinline__ bool mk_op_check_operands(const mk_instr& in, const m
 __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* op,
                                           const mk_pages& pages)
 {
+#if MK_WGMMA_ONLY
+    /* every record is a wgmma GEMM tile (mk_validate): its body, inline */
+    if (in.rows > 0 && in.cols > 0)
+        mk_gemm_wgmma_run(in, op, pages);
+#else
     switch (in.opcode) {
 #define X(OP, name, PRELOAD) case MK_OP_##OP: mk_##name##_run(in, op, pages); break;
         MK_FOR_EACH_OP(X)
 #undef X
     default: break;   /* NOP */
     }
+#endif
 }
 
 /* The preloading ops' entries: MK_PRELOAD_<0|1>(name) selects the op's functions or nothing. */
@@ -166,6 +172,12 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
 {
     if (in.opcode >= MK_OP_COUNT)
         return MK_ERR_BAD_OPCODE;
+#if MK_WGMMA_ONLY
+    /* the one op this variant runs (pages.cuh): wgmma tiles with a register epilogue */
+    if (in.opcode != MK_OP_GEMM || (in.flags & MK_FLAG_WGMMA) == 0u ||
+        (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u)
+        return MK_ERR_BAD_OPCODE;
+#endif
     if (in.pages > p.n_pages - p.stream_pages) {   /* the ring's pages are not the allocator's */
         *expected = in.pages;
         *observed = p.n_pages - p.stream_pages;
@@ -603,8 +615,13 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
  *   C3. compute barrier: every thread's global writes done, pages no longer read
  *   C4. thread 0: signal, release the remaining pages, arrive on empty[q & 1]
  * A function of its own, called after setmaxnreg.inc: ptxas then allocates it (like the op
- * bodies) with the compute warps' register budget instead of the entry's 168. */
+ * bodies) with the compute warps' register budget instead of the entry's 168. Inlined into the
+ * entry in the MK_WGMMA_ONLY variant, with the wgmma body (pages.cuh). */
+#if MK_WGMMA_ONLY
+__device__ __forceinline__ void mk_compute()
+#else
 __device__ __noinline__ void mk_compute()
+#endif
 {
     mk_control& ctl = mk_ctl();
     const mk_params& p = ctl.params;
@@ -927,6 +944,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     if (tid == 0)
         mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);
 }
+
+#if !MK_WGMMA_ONLY   /* the variant holds the entry megakernel only (pages.cuh) */
 
 /* ---- the resident kernel -------------------------------------------------------------------
  *
@@ -1271,3 +1290,5 @@ megak_op(const mk_params* params, mk_u32 first)
     const mk_pages pages = {page_array, s.page};
     mk_op_run(s.ins, s.operand, pages);
 }
+
+#endif /* !MK_WGMMA_ONLY */

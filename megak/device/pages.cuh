@@ -32,6 +32,19 @@ typedef unsigned char mk_u8;
 #define MK_TRACE 0
 #endif
 
+/* MK_WGMMA_ONLY=1 (a -D define, a separately compiled variant that runtime/executor.py picks):
+ * the megakernel for a program whose every instruction is a wgmma GEMM tile with tensor maps
+ * (ops/gemm_wgmma.cuh). ptxas serialises wgmma.mma_async, each MMA waiting for the one before,
+ * in any function that is called (C7510) and wherever MMAs may be in flight at a branch it
+ * cannot prove uniform that reads the accumulators or calls a function (C7518). The op bodies
+ * are called functions, so the general kernel's MMAs are serialised (the probe: 675 against
+ * 753 TFLOP/s on 8192^3). This variant inlines the compute loop and that one body into the
+ * kernel entry, with no other op to dispatch to, and ptxas pipelines the MMAs. It holds the
+ * entry megakernel only; the resident and separate-launch entries are the general kernel's. */
+#ifndef MK_WGMMA_ONLY
+#define MK_WGMMA_ONLY 0
+#endif
+
 /* Base of the block's dynamic shared memory: the control area, then the pages. 16-B alignment
  * is what cp.async of records needs; pages are aligned by hand (mk_page_array). */
 extern __shared__ __align__(16) unsigned char mk_smem[];

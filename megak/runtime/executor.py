@@ -132,7 +132,8 @@ MAX_BINDINGS = 64   # tensor tables kept on the device, one per distinct set of 
 class _Binding:
     """One set of caller-owned GPU tensors (slot -> address, leading dimension) as a tensor
     table of its own in device memory; uploaded once (stream-ordered, so capturable)."""
-    __slots__ = ("key", "index", "table_ptr", "uploaded", "last_ticket", "captured", "live")
+    __slots__ = ("key", "index", "table_ptr", "uploaded", "last_ticket", "captured", "live",
+                 "ready", "wgmma_only")
 
     def __init__(self, key, index: int, table_ptr: int):
         self.key = key
@@ -142,6 +143,8 @@ class _Binding:
         self.uploaded = False     # a table first written inside a CUDA graph capture is not
         self.last_ticket = 0      # in memory until that graph runs: upload again when used
         self.captured = False     # eagerly; a captured binding is never evicted
+        self.ready = None         # its tensor maps' ready words (tensor_maps.ready_view)
+        self.wgmma_only = None    # whether the MK_WGMMA_ONLY kernel runs it (None: not known)
 
 
 class _TensorBuffer:
@@ -242,8 +245,11 @@ class CudaExecutor:
                 f"i.e. {pages.pages_for(info['smem_optin'])} pages of {pages.PAGE_BYTES} B")
 
         # -- compile and load (the traced variant only when a traced run asks for it) -----------
-        self._variants: dict[bool, tuple] = {}   # trace -> (compiled, object code, kernel, info)
+        # (trace, wgmma_only) -> (compiled, object code, kernel, info)
+        self._variants: dict[tuple[bool, bool], tuple] = {}
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
+        self._wgmma_slots = None   # set with the tables (_upload_tables)
+        self._own_wgmma_only = None
         self._grid = plan.n_sm
 
         # -- buffers ------------------------------------------------------------------------------
@@ -289,20 +295,63 @@ class CudaExecutor:
         self._host_timeout_s = value
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _variant(self, trace: bool) -> tuple:
-        """(compiled, object code, kernel, kernel info) of the plain or the MK_TRACE=1 build:
-        compiled (cached on disk), loaded and configured once per executor."""
-        if trace not in self._variants:
+    def _variant(self, trace: bool, wgmma_only: bool = False) -> tuple:
+        """(compiled, object code, kernel, kernel info) of the plain, the MK_TRACE=1 or the
+        MK_WGMMA_ONLY=1 build (device/pages.cuh): compiled (cached on disk), loaded and
+        configured once per executor."""
+        key = (trace, wgmma_only)
+        if key not in self._variants:
             from cuda.core import ObjectCode
 
             from .compiler import compile_megakernel
-            compiled = compile_megakernel(arch=self.info["arch"],
-                                          defines={"MK_TRACE": 1} if trace else None)
+            defines = {}
+            if trace:
+                defines["MK_TRACE"] = 1
+            if wgmma_only:
+                defines["MK_WGMMA_ONLY"] = 1
+            compiled = compile_megakernel(arch=self.info["arch"], defines=defines or None)
             code = ObjectCode.from_cubin(compiled.cubin)
             kernel = code.get_kernel("megakernel")
             kinfo = self._configure_kernel(kernel)
-            self._variants[trace] = (compiled, code, kernel, kinfo)
-        return self._variants[trace]
+            self._variants[key] = (compiled, code, kernel, kinfo)
+        return self._variants[key]
+
+    def _find_wgmma_only(self) -> None:
+        """Whether the plan as it is now (tensor_maps.wgmma_only_slots) can run on the
+        MK_WGMMA_ONLY kernel, loaded here if so; which tables can is decided at their first
+        launch (_function_for)."""
+        n = max(self._n_tensors, 1)
+        rows, cols = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        for t in self.plan.tensors:
+            rows[t.slot], cols[t.slot] = t.rows, t.cols
+        self._wgmma_slots = tensor_maps.wgmma_only_slots(self.plan.instrs, rows, cols)
+        self._own_wgmma_only = None
+        for b in self._bindings.values():
+            b.wgmma_only = None
+        if self._wgmma_slots is not None:
+            self._variant(trace=False, wgmma_only=True)
+
+    def _function_for(self, binding: "_Binding | None", trace: bool):
+        """The kernel a launch with this table runs: the MK_WGMMA_ONLY one where the plan and
+        the table's maps allow it (never traced: its trace marks would serialise the MMAs),
+        else the general one. Sets last_variant."""
+        wgmma_only = False
+        if self._wgmma_slots is not None and not trace:
+            if binding is None:
+                if self._own_wgmma_only is None:
+                    self._own_wgmma_only = tensor_maps.maps_cover(
+                        tensor_maps.ready_view(self._table_image, self._n_tensors),
+                        self._wgmma_slots)
+                wgmma_only = self._own_wgmma_only
+            else:
+                if binding.wgmma_only is None:
+                    binding.wgmma_only = tensor_maps.maps_cover(binding.ready,
+                                                                self._wgmma_slots)
+                wgmma_only = binding.wgmma_only
+        self.last_variant = "wgmma_only" if wgmma_only else "trace" if trace else "general"
+        if wgmma_only:
+            return self._wgmma_function
+        return self._variant(trace)[3]["function"] if trace else self._function
 
     def _configure_kernel(self, kernel) -> dict:
         """Opt in to the dynamic smem, then check what only the loaded kernel can tell."""
@@ -430,6 +479,7 @@ class CudaExecutor:
         image = np.zeros(self._table_bytes, dtype=np.uint8)
         tensor_maps.fill_table(image, self._n_tensors, table, self._map_boxes)
         self._table_image = image     # a binding's table starts from it (same maps elsewhere)
+        self._find_wgmma_only()
         self._table_host_buf = self._memory.pinned(self._table_bytes, "tensor table (host)")
         self._table_host_buf.array(np.uint8, image.shape)[:] = image
         mem.htod(self._dev_buf["tensors"].ptr, self._table_host_buf.ptr, self._table_bytes,
@@ -523,6 +573,10 @@ class CudaExecutor:
                                            state, state + 8)
         self._argv_addr = ctypes.addressof(self._argv)
         self._function = self._variant(False)[3]["function"]
+        self._wgmma_function = (self._variant(False, True)[3]["function"]
+                                if self._wgmma_slots is not None else None)
+        self.last_variant = None   # the kernel of the last launch: "general", "trace" or
+                                   # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY)
         self._launch_kernel = _bindings().cuLaunchCooperativeKernel
         self.last_binding = None
 
@@ -555,6 +609,9 @@ class CudaExecutor:
             self._wait_stream("finishing earlier runs")
             self._write_queues()
             self._write_params()
+            self._find_wgmma_only()
+            self._wgmma_function = (self._variant(False, True)[3]["function"]
+                                    if self._wgmma_slots is not None else None)
             self._wait_stream("uploading the queues")
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
@@ -902,6 +959,7 @@ class CudaExecutor:
             tensor_maps.write_maps(image, self._n_tensors, table,
                                    {s: b for s, b in self._map_boxes.items() if s in external})
             b = _Binding(key, self._binding_slot(h), 0)
+            b.ready = tensor_maps.ready_view(image, self._n_tensors).copy()
             b.table_ptr = self._binding_dev.ptr + b.index * self._table_bytes
             self._binding_host.array(np.uint8, (MAX_BINDINGS * self._table_bytes,))[
                 b.index * self._table_bytes:(b.index + 1) * self._table_bytes] = image
@@ -946,7 +1004,7 @@ class CudaExecutor:
         self._arg_ptrs[1] = binding.table_ptr if binding is not None \
             else self._dev_buf["tensors"].ptr
         self._arg_ticket[0] = self._ticket
-        func = self._variant(trace)[3]["function"] if trace else self._function
+        func = self._function_for(binding, trace)
         ret = self._launch_kernel(func, self._grid, 1, 1, abi.BLOCK_THREADS, 1, 1,
                                   self.smem_bytes, h, self._argv_addr)
         err = ret[0] if isinstance(ret, tuple) else ret

@@ -38,6 +38,7 @@ Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, b
                                                       #   -> 128 bytes
 STREAM_BOX_ROWS = abi.OP_SHAPES["MK_STREAM_BOX_ROWS"]
 WGMMA_B_BOX_ROWS = abi.OP_SHAPES["MK_WGMMA_B_BOX_ROWS"]
+WGMMA_BK = abi.OP_SHAPES["MK_WGMMA_BK"]
 
 
 def map_boxes(instrs: np.ndarray) -> dict[int, int]:
@@ -56,6 +57,36 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     boxes = {int(s): STREAM_BOX_ROWS for s in tall}
     boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
     return dict(sorted(boxes.items()))
+
+
+def wgmma_only_slots(instrs: np.ndarray, rows: np.ndarray,
+                     cols: np.ndarray) -> tuple[frozenset, frozenset] | None:
+    """(A slots, B slots) when the kernel variant MK_WGMMA_ONLY (device/pages.cuh) can run
+    every record of `instrs`, else None: each record a GEMM flagged MK_FLAG_WGMMA with at most a
+    bias for epilogue, whose k range ends on a k-block boundary or at A's and B's ends (the
+    TMA path's record-only conditions, mk_gemm_wgmma_tma_ok). `rows`, `cols`: each tensor
+    slot's shape. A table then qualifies when `maps_cover` says its maps are there."""
+    if len(instrs) == 0:
+        return None
+    flags = instrs["flags"].astype(np.int64)
+    if not ((instrs["opcode"] == abi.OPCODE_OF["gemm"]).all()
+            and ((flags & abi.FLAG_WGMMA) != 0).all()
+            and ((flags & (abi.FLAG_ACT_MASK | abi.FLAG_RESIDUAL)) == 0).all()):
+        return None
+    a, b = instrs["tensor"][:, abi.ARG_A], instrs["tensor"][:, abi.ARG_B]
+    end = instrs["k0"].astype(np.int64) + instrs["klen"]
+    if not ((instrs["klen"] % WGMMA_BK == 0) | ((end == cols[a]) & (end == rows[b]))).all():
+        return None
+    return frozenset(a.tolist()), frozenset(b.tolist())
+
+
+def maps_cover(ready: np.ndarray, slots: tuple[frozenset, frozenset]) -> bool:
+    """Whether a table whose ready words are `ready` (ready_view) has every map the
+    MK_WGMMA_ONLY kernel reads: A's with STREAM_BOX_ROWS, B's with WGMMA_B_BOX_ROWS
+    (`wgmma_only_slots`)."""
+    a, b = slots
+    return (all(ready[s] == STREAM_BOX_ROWS for s in a)
+            and all(ready[s] == WGMMA_B_BOX_ROWS for s in b))
 
 
 def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int) -> bool:

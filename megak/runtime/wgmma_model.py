@@ -223,3 +223,25 @@ class WgmmaModel:
                                    f"{self.in_flight[t]} copies in flight")
         self.released = t
         self.holder = None
+
+
+def pair_b_pages(table: list[int]) -> list[int]:
+    """The loader's arrangement of a wgmma instruction's 12 pages (mk_wgmma_pair_b_pages in
+    gemm_wgmma.cuh, restated): `table` ascending as the allocator took them; back a table in
+    which stage st's B pages (positions 3 st + 1, 3 st + 2) are neighbours, pairs taken from the
+    start of each run of consecutive pages, or `table` unchanged where 4 pairs do not exist."""
+    left, firsts = set(table), []
+    while left and len(firsts) < STAGES:
+        p = min(left)
+        if p + 1 in left:
+            firsts.append(p)
+            left -= {p, p + 1}
+        else:
+            left.discard(p)
+    if len(firsts) < STAGES:
+        return list(table)
+    singles = sorted(set(table) - set(firsts) - {p + 1 for p in firsts})
+    out = []
+    for st in range(STAGES):
+        out += [singles[st], firsts[st], firsts[st] + 1]
+    return out

@@ -131,6 +131,75 @@ def test_wgmma_tiles_back_to_back(backend, rng, n_sm):
     assert len(wgmma_records(prog)) == 9
 
 
+# ---- the MK_WGMMA_ONLY kernel (device/pages.cuh: the body inlined, its MMAs pipelined) -----
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,k,n,bias,out_dtype,n_sm", [
+    (128, 64, 256, False, "bfloat16", 132),
+    (300, 200, 520, True, "float32", 3),       # edge tiles, a K tail that ends at A's end
+    (129, 1000, 130, True, "bfloat16", 1),     # back to back on one SM
+    (1024, 640, 1536, False, "bfloat16", 2),
+    (777, 4096, 300, False, "float32", 7)])    # 14 tiles: not split on 7 SMs
+def test_wgmma_only_kernel(rng, m, k, n, bias, out_dtype, n_sm):
+    """A program of wgmma tiles with at most a bias runs on the MK_WGMMA_ONLY kernel, with
+    megak's own tensors and with torch tensors (a caller's table) where TMA can describe
+    them (rows of a multiple of 16 bytes; else the general kernel): every output against
+    float64, outputs poisoned before each run."""
+    torch = pytest.importorskip("torch")
+    g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=out_dtype, bias=bias)
+    with megak.compile(g, backend="cuda", n_sm=n_sm) as prog:
+        for run in range(2):
+            check_graph(prog, g, rng, f"wgmma-only {m}x{k}x{n} run {run}")
+            assert prog._executor.last_variant == "wgmma_only"
+        host = random_inputs(g, rng)
+        dev = {name: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16).cuda()
+               for name, v in host.items()}
+        out = torch.full((m, n), float("nan"), device="cuda",
+                         dtype=getattr(torch, out_dtype))
+        prog.run(out={"c": out}, **dev)
+        mappable = (2 * k) % 16 == 0 and (2 * n) % 16 == 0
+        assert prog._executor.last_variant == ("wgmma_only" if mappable else "general")
+        value, bound = evaluate(g, host)[g.outputs["c"].index]
+        assert_close(out.float().cpu().numpy(), value, bound, "wgmma-only, torch tensors")
+
+
+@pytest.mark.gpu
+def test_wgmma_only_kernel_not_taken(rng):
+    """What the variant does not run takes the general kernel, with the same results: an
+    activation (a staged epilogue), an operand without a tensor map, a traced run, a program
+    with another op."""
+    torch = pytest.importorskip("torch")
+    g = epilogue_graph(200, 128, 300, dtype="bfloat16", out_dtype="float32", activation="relu")
+    with megak.compile(g, backend="cuda", n_sm=2) as prog:
+        check_graph(prog, g, rng, "relu")
+        assert prog._executor.last_variant == "general"
+    g = epilogue_graph(200, 128, 300, dtype="bfloat16", out_dtype="float32")
+    with megak.compile(g, backend="cuda", n_sm=2) as prog:
+        check_graph(prog, g, rng, "plain")
+        assert prog._executor.last_variant == "wgmma_only"
+        host = random_inputs(g, rng)
+        dev = {name: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16).cuda()
+               for name, v in host.items()}
+        wide = torch.zeros((200, 131), dtype=torch.bfloat16, device="cuda")
+        wide[:, :128] = dev["a"]
+        dev["a"] = wide[:, :128]                 # row stride 262 B: no tensor map
+        out = torch.full((200, 300), float("nan"), device="cuda", dtype=torch.float32)
+        prog.run(out={"c": out}, **dev)
+        assert prog._executor.last_variant == "general"
+        value, bound = evaluate(g, host)[g.outputs["c"].index]
+        assert_close(out.cpu().numpy(), value, bound, "no map for a")
+        prog.run(trace=True, **{k: v for k, v in host.items()})
+        assert prog._executor.last_variant == "trace"
+    mixed = megak.Graph()
+    a = mixed.input("a", (200, 128), "bfloat16")
+    b = mixed.input("b", (128, 300), "bfloat16")
+    mixed.output(mixed.gemm(a, b, out_dtype="float32"), "c")
+    mixed.output(mixed.transpose(mixed.input("x", (64, 96), "float32")), "t")
+    with megak.compile(mixed, backend="cuda", n_sm=2) as prog:
+        check_graph(prog, mixed, rng, "gemm + add")
+        assert prog._executor.last_variant == "general"
+
+
 @pytest.mark.gpu
 def test_wgmma_stress(rng):
     """The ring the loader produces, many times over: 24 random GEMMs (every epilogue, both

@@ -184,6 +184,38 @@ def test_map_boxes():
     assert list(tensor_maps.map_boxes(rec)) == [2, 5, 6, 8, 10]
 
 
+def test_wgmma_only_slots_and_maps_cover():
+    """Which programs the MK_WGMMA_ONLY kernel runs (every record a wgmma tile with at most a
+    bias, a k range on block boundaries or to the operands' ends), and which tables."""
+    W, R = abi.FLAG_WGMMA, abi.FLAG_B_READY
+    rows = np.array([0, 0, 300, 0, 0, 300], dtype=np.int64)   # slot 2: A (M x K), 5: B (K x N)
+    cols = np.array([0, 0, 300, 0, 0, 90], dtype=np.int64)
+    rows[4], cols[4] = 300, 300
+
+    def rec(*rows_, klen=(128,), k0=(0,)):
+        r = records(*rows_)
+        r["klen"], r["k0"] = klen, k0
+        return r
+    ok = rec(("gemm", W | R, 5, 2), ("gemm", W | R | abi.FLAG_BIAS, 4, 2), klen=(128, 64))
+    assert tensor_maps.wgmma_only_slots(ok, rows, cols) == ({2}, {4, 5})
+    for bad in (rec(("gemm", W | 1 << abi.FLAG_ACT_SHIFT, 5, 2)),  # a staged epilogue
+                rec(("gemm", W | abi.FLAG_RESIDUAL, 5, 2)),
+                rec(("gemm", R, 5, 2)),                              # mma.sync tiles
+                rec(("gemm", W, 5, 2), ("transpose", 0, 5, 2)),      # another op
+                rec(("gemm", W, 5, 2), klen=(100,))):                # a tail inside A
+        assert tensor_maps.wgmma_only_slots(bad, rows, cols) is None
+    assert tensor_maps.wgmma_only_slots(rec(("gemm", W, 5, 2), klen=(300,)), rows, cols) \
+        == ({2}, {5})                                                # a tail at A's, B's end
+    assert tensor_maps.wgmma_only_slots(abi.empty_instrs(0), rows, cols) is None
+    ready = np.zeros(6, dtype=np.uint32)
+    ready[[2, 4, 5]] = [128, 64, 64]
+    assert tensor_maps.maps_cover(ready, ({2}, {4, 5}))
+    for slot, words in ((2, 0), (4, 128), (5, 0)):   # missing, or boxed for another use
+        r = ready.copy()
+        r[slot] = words
+        assert not tensor_maps.maps_cover(r, ({2}, {4, 5}))
+
+
 # -- the executor's tables, on the fake driver --------------------------------------------------
 
 def stream_plan(stream_pages=2):

@@ -43,3 +43,28 @@ def test_misuse_is_caught(misuse, rule):
 
 def test_misuse_defaults_are_the_protocol():
     assert Misuse() == Misuse(False, False, False, False, False, 8)
+
+
+def test_b_pages_paired_for_any_12_of_13():
+    """The loader's page arrangement (the wgmma-only kernel has the n256 k loop only): for
+    every 12 of the H200's 13 pages, and 12 of up to 32 where at most two runs of pages are
+    free, each stage's B pages are neighbours, and the table is a permutation of the pages."""
+    import itertools
+    import random
+    from megak.runtime.wgmma_model import pair_b_pages
+    cases = [sorted(set(range(13)) - {m}) for m in range(13)]
+    rnd = random.Random(5)
+    for _ in range(500):   # n pages, one instruction holds n - 12 in a row: two runs free
+        n = rnd.randint(13, 32)
+        held = rnd.randint(0, 12)
+        cases.append([p for p in range(n) if not held <= p < held + n - 12])
+    for _ in range(500):   # any 12 of 32
+        cases.append(sorted(rnd.sample(range(32), 12)))
+    for table in cases:
+        out = pair_b_pages(table)
+        assert sorted(out) == table
+        runs = sum(1 for a, b in itertools.pairwise([-2] + table) if b != a + 1)
+        if runs <= 2:
+            assert all(out[3 * s + 2] == out[3 * s + 1] + 1 for s in range(4)), (table, out)
+    scattered = list(range(0, 24, 2))                 # no two neighbours: left as it was
+    assert pair_b_pages(scattered) == scattered

@@ -261,6 +261,7 @@ __device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* o
     mk_gemm_bf16_run(in, op, pages);
 }
 
+#if !MK_WGMMA_ONLY   /* there the body is inlined into the entry (pages.cuh) */
 /* The Hopper tiles (MK_FLAG_WGMMA), a function of their own like the other bodies. */
 __device__ __noinline__ void mk_gemm_wgmma(const mk_instr& in, const mk_tensor* op,
                                            unsigned char* page_base, const mk_u8* page_idx,
@@ -270,6 +271,7 @@ __device__ __noinline__ void mk_gemm_wgmma(const mk_instr& in, const mk_tensor* 
     const mk_pages pages = {page_base, page_idx, preloaded, released, &mk_ctl().free_pages};
     mk_gemm_wgmma_run(in, op, pages);
 }
+#endif
 
 /* Its own function, like the other GEMM bodies, with their parameter list (another list cost
  * the separate-launch entry a stack frame): `stream` is the first stage position, with bit 31
@@ -288,8 +290,11 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 {
     if (in.rows <= 0 || in.cols <= 0)
         return;
-    if (in.flags & MK_FLAG_WGMMA)
+    if (in.flags & MK_FLAG_WGMMA) {
+#if !MK_WGMMA_ONLY
         mk_gemm_wgmma(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+#endif
+    }
     else if (in.flags & MK_FLAG_STREAM)
         mk_gemm_stream(in, op, pages.base, pages.idx,
                        pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),

@@ -450,30 +450,49 @@ __device__ __forceinline__ bool mk_wgmma_register_epilogue(const mk_instr& in)
     return (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) == 0u;
 }
 
-__device__ __forceinline__ void mk_wgmma_st2(const mk_tensor& t, mk_u64 off, float v0, float v1,
-                                             int n)
+/* Stores that happen only where `on`: predicated PTX stores, not branches. The register
+ * epilogue reads every accumulator on every path and leaves the choices to the predicates,
+ * since a read of them in a branch ptxas cannot prove uniform serialises the MMAs (C7518,
+ * pages.cuh). */
+__device__ __forceinline__ void mk_st_u32_if(bool on, mk_u64 p, mk_u32 v)
 {
-    if (t.dtype == MK_DTYPE_BF16) {
-        mk_u16* p = reinterpret_cast<mk_u16*>(t.ptr) + off;
-        if (n >= 2 && ((t.ptr + 2u * off) & 3u) == 0u) {
-            asm volatile("st.global.u32 [%0], %1;" : : "l"(p), "r"(mk_pack_bf16x2(v0, v1))
-                         : "memory");
-        } else {
-            mk_st_u16(p, mk_to_bf16(v0));
-            if (n >= 2)
-                mk_st_u16(p + 1, mk_to_bf16(v1));
-        }
-    } else {
-        float* p = reinterpret_cast<float*>(t.ptr) + off;
-        if (n >= 2 && ((t.ptr + 4u * off) & 7u) == 0u) {
-            asm volatile("st.global.v2.f32 [%0], {%1, %2};" : : "l"(p), "f"(v0), "f"(v1)
-                         : "memory");
-        } else {
-            mk_st_f(p, v0);
-            if (n >= 2)
-                mk_st_f(p + 1, v1);
-        }
-    }
+    asm volatile("{ .reg .pred q; setp.ne.u32 q, %2, 0; @q st.global.u32 [%0], %1; }"
+                 : : "l"(p), "r"(v), "r"((mk_u32)on) : "memory");
+}
+
+__device__ __forceinline__ void mk_st_u16_if(bool on, mk_u64 p, mk_u16 v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.u32 q, %2, 0; @q st.global.u16 [%0], %1; }"
+                 : : "l"(p), "h"(v), "r"((mk_u32)on) : "memory");
+}
+
+__device__ __forceinline__ void mk_st_f32_if(bool on, mk_u64 p, float v)
+{
+    asm volatile("{ .reg .pred q; setp.ne.u32 q, %2, 0; @q st.global.f32 [%0], %1; }"
+                 : : "l"(p), "f"(v), "r"((mk_u32)on) : "memory");
+}
+
+__device__ __forceinline__ void mk_st_f32x2_if(bool on, mk_u64 p, float v0, float v1)
+{
+    asm volatile("{ .reg .pred q; setp.ne.u32 q, %3, 0; @q st.global.v2.f32 [%0], {%1, %2}; }"
+                 : : "l"(p), "f"(v0), "f"(v1), "r"((mk_u32)on) : "memory");
+}
+
+/* Elements off and off + 1 of `t` (row-major offsets), the second only where n >= 2, neither
+ * where !row_ok or n <= 0: one 4- or 8-byte store where aligned, else one per element. */
+__device__ __forceinline__ void mk_wgmma_st2(const mk_tensor& t, mk_u64 off, float v0, float v1,
+                                             int n, bool row_ok)
+{
+    const bool bf16 = t.dtype == MK_DTYPE_BF16;
+    const mk_u64 p = t.ptr + off * (bf16 ? 2u : 4u);
+    const bool one = row_ok & (n >= 1), two = row_ok & (n >= 2);
+    const bool pair = two & ((p & (bf16 ? 3u : 7u)) == 0u);
+    mk_st_u32_if(bf16 & pair, p, mk_pack_bf16x2(v0, v1));
+    mk_st_u16_if(bf16 & one & !pair, p, mk_to_bf16(v0));
+    mk_st_u16_if(bf16 & two & !pair, p + 2u, mk_to_bf16(v1));
+    mk_st_f32x2_if(!bf16 & pair, p, v0, v1);
+    mk_st_f32_if(!bf16 & one & !pair, p, v0);
+    mk_st_f32_if(!bf16 & two & !pair, p + 4u, v1);
 }
 
 __device__ __forceinline__ float mk_wgmma_ld1(const mk_tensor& t, mk_u64 off)
@@ -483,6 +502,9 @@ __device__ __forceinline__ float mk_wgmma_ld1(const mk_tensor& t, mk_u64 off)
                : mk_ld_f(reinterpret_cast<const float*>(t.ptr) + off);
 }
 
+/* The accumulators + bias straight to the output (no activation, no residual). Fragment:
+ * register 4 j + e is row 16 w4 + lane / 4 (+ 8 for e >= 2) of the warpgroup's 64, column
+ * 8 j + 2 (lane % 4) + e % 2. Branch-free in the accumulators (mk_st_*_if). */
 __device__ __forceinline__ void mk_wgmma_store_registers(const mk_instr& in, const mk_tensor* op,
                                                          float (&d)[128])
 {
@@ -497,19 +519,16 @@ __device__ __forceinline__ void mk_wgmma_store_registers(const mk_instr& in, con
 #pragma unroll
     for (int j = 0; j < 32; ++j) {
         const int c = 8 * j + c_in, n = in.cols - c;   /* valid columns of this pair */
-        if (n <= 0)
-            continue;
         float b0 = 0.f, b1 = 0.f;
-        if (has_bias) {
+        if (has_bias && n >= 1) {
             b0 = mk_wgmma_ld1(TB, (mk_u64)in.col0 + c);
             if (n >= 2)
                 b1 = mk_wgmma_ld1(TB, (mk_u64)in.col0 + c + 1);
         }
-        if (row_lo)
-            mk_wgmma_st2(TO, o_lo + c, __fadd_rn(d[4 * j], b0), __fadd_rn(d[4 * j + 1], b1), n);
-        if (row_hi)
-            mk_wgmma_st2(TO, o_hi + c, __fadd_rn(d[4 * j + 2], b0), __fadd_rn(d[4 * j + 3], b1),
-                         n);
+        mk_wgmma_st2(TO, o_lo + c, __fadd_rn(d[4 * j], b0), __fadd_rn(d[4 * j + 1], b1), n,
+                     row_lo);
+        mk_wgmma_st2(TO, o_hi + c, __fadd_rn(d[4 * j + 2], b0), __fadd_rn(d[4 * j + 3], b1), n,
+                     row_hi);
     }
 }
 
@@ -563,11 +582,23 @@ __device__ __forceinline__ void mk_gemm_wgmma_run(const mk_instr& in, const mk_t
                                                   const mk_pages& pages)
 {
     mk_control& ctl = mk_ctl();
+    const mk_u32 tid = threadIdx.x, lane = tid & 31u;
+#if MK_WGMMA_ONLY
+    /* The host runs this variant only where every record has its maps, so the loader
+     * produces every stage, and the loader pairs the B pages (mk_wgmma_pair_b_pages): the
+     * variant has the n256 k loop only (with the n128 one beside it ptxas runs out of
+     * registers for the MMA pipeline, C7511). Anything else is refused, not run slowly. */
+    if (pages.preloaded == 0 || !mk_wgmma_b_pages_adjacent(pages.idx)) {
+        if (tid == 0)
+            ctl.op_stop.error = pages.preloaded == 0 ? MK_ERR_BAD_DESCRIPTOR : MK_ERR_PAGES;
+        return;
+    }
+#else
     if (!mk_gemm_wgmma_tma_ok(in, op, ctl.params)) {
         mk_gemm_wgmma_generic(in, op, pages.base, pages.idx);
         return;
     }
-    const mk_u32 tid = threadIdx.x, lane = tid & 31u;
+#endif
     const mk_u32 nk = ((mk_u32)in.klen + MK_WGMMA_BK - 1) / MK_WGMMA_BK;
     float d[128];
 #pragma unroll
@@ -575,14 +606,14 @@ __device__ __forceinline__ void mk_gemm_wgmma_run(const mk_instr& in, const mk_t
         d[i] = 0.f;   /* nk = 0 (K = 0): the epilogue of zeros */
     /* the loader warp produces the stages (mk_gemm_wgmma_preload*: pages.preloaded > 0); the
      * separate-launch entry has none, and thread 0 issues them */
-    const bool self_issue = pages.preloaded == 0;
+    const bool self_issue = !MK_WGMMA_ONLY && pages.preloaded == 0;
     mk_u32 issued = min(nk, (mk_u32)MK_WGMMA_STAGES);   /* thread 0's count */
     if (self_issue) {
         if (tid == 0)
             mk_wgmma_begin(in, pages.base, pages.idx, nk);
         mk_compute_sync();   /* barriers initialised before anyone waits */
     }
-    const bool ok = mk_wgmma_b_pages_adjacent(pages.idx)
+    const bool ok = MK_WGMMA_ONLY || mk_wgmma_b_pages_adjacent(pages.idx)
                         ? mk_wgmma_k_loop<true>(in, pages, d, nk, issued, self_issue)
                         : mk_wgmma_k_loop<false>(in, pages, d, nk, issued, self_issue);
     if (!ok) {
@@ -593,7 +624,9 @@ __device__ __forceinline__ void mk_gemm_wgmma_run(const mk_instr& in, const mk_t
             mk_wgmma_drain(issued);   /* (the loader drains its own) */
         return;
     }
-    if (mk_wgmma_register_epilogue(in)) {
+    /* (MK_WGMMA_ONLY runs register epilogues only: a branch between the two would serialise
+     * its MMAs, C7518; mk_validate refuses the others there) */
+    if (MK_WGMMA_ONLY || mk_wgmma_register_epilogue(in)) {
         mk_compute_sync();   /* every warpgroup's MMAs are done reading the pages */
         pages.release(0, MK_WGMMA_PAGES);
         mk_wgmma_store_registers(in, op, d);
@@ -620,14 +653,51 @@ __device__ __forceinline__ mk_u32 mk_gemm_wgmma_preload_stages(const mk_instr& i
                ? (mk_u32)MK_WGMMA_STAGES : 0u;
 }
 
-/* L6, lane 0: fresh barriers, the proxy fence (the loader's dependency wait ordered A's
- * producers' stores before it), the first stages. */
+/* Lane 0, before the first copy: the instruction's page table (12 pages, ascending as the
+ * allocator took them) rearranged so that each stage's two B pages are neighbours where the
+ * pages allow it, and one n256 MMA then spans both (mk_wgmma_b_pages_adjacent). Neighbours
+ * are paired from the start of each run of consecutive pages, which gives the most pairs: 12
+ * of 13 pages are at most two runs, so there are always 4 (5 or 6). Without 4 pairs the table
+ * stays as it was (two n128 MMAs per step). The table is the loader's until L7. */
+__device__ __forceinline__ void mk_wgmma_pair_b_pages(mk_u8* table)
+{
+    mk_u32 pages = 0;   /* physical pages as bits (at most 32 pages) */
+    for (mk_u32 i = 0; i < MK_WGMMA_PAGES; ++i)
+        pages |= 1u << table[i];
+    mk_u32 left = pages, firsts = 0, n = 0;   /* firsts: p for each pair (p, p + 1) */
+    while (left != 0u && n < MK_WGMMA_STAGES) {
+        const mk_u32 p = (mk_u32)__ffs(left) - 1u;
+        if (left & (2u << p)) {
+            firsts |= 1u << p;
+            left &= ~(3u << p);
+            ++n;
+        } else {
+            left &= ~(1u << p);
+        }
+    }
+    if (n < MK_WGMMA_STAGES)
+        return;
+    mk_u32 singles = pages & ~(firsts | (firsts << 1));
+    for (mk_u32 st = 0; st < MK_WGMMA_STAGES; ++st) {
+        const mk_u32 b = (mk_u32)__ffs(firsts) - 1u, a = (mk_u32)__ffs(singles) - 1u;
+        firsts &= firsts - 1u;
+        singles &= singles - 1u;
+        table[3 * st] = (mk_u8)a;
+        table[3 * st + 1] = (mk_u8)b;
+        table[3 * st + 2] = (mk_u8)(b + 1u);
+    }
+}
+
+/* L6, lane 0: the B pages paired, fresh barriers, the proxy fence (the loader's dependency
+ * wait ordered A's producers' stores before it), the first stages. */
 __device__ __forceinline__ void mk_gemm_wgmma_preload(const mk_instr& in, const mk_pages& pages,
                                                       mk_u32 lane)
 {
-    if (lane == 0)
+    if (lane == 0) {
+        mk_wgmma_pair_b_pages(const_cast<mk_u8*>(pages.idx));   /* the loader's (above) */
         mk_wgmma_begin(in, pages.base, pages.idx,
                        ((mk_u32)in.klen + MK_WGMMA_BK - 1) / MK_WGMMA_BK);
+    }
 }
 
 /* After L7, lane 0: the stages past the first four, each once its slot is empty. MK_OK, or
