@@ -11,7 +11,9 @@ a ring of 4 stages across 12 pages): v = u @ w3 + bias (stored from registers, t
 handed back before the store) and o = gelu(v @ w4) + res (through the staging tiles), the
 second reading the first's output, written by other SMs' generic stores, through TMA.
 The runs are made once as launches (prog.run) and once as requests of a resident kernel
-(megak.resident: the request ring, the relay and the per-request set-up).
+(megak.resident: the request ring, the relay and the per-request set-up). A second program,
+two chained wgmma GEMMs with at most a bias on 2 SMs (wgmma_graph), runs on the
+MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/pages.cuh).
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -79,10 +81,23 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     return g
 
 
+def wgmma_graph() -> megak.Graph:
+    """e = t @ w5 + bias5 (bf16, from registers), d = e @ w6 (fp32): the second GEMM reads
+    the first's output through TMA."""
+    g = megak.Graph()
+    e = g.gemm(g.input("t", WG2_T, "bfloat16"), g.input("w5", (WG2_T[1], WG2_N), "bfloat16"),
+               bias=g.input("bias5", (WG2_N,), "bfloat16"))
+    g.output(e, "e")
+    g.output(g.gemm(e, g.input("w6", (WG2_N, WG2_N2), "bfloat16"), out_dtype="float32"), "d")
+    return g
+
+
 ROWS = (37, 150)   # row-wise ops: odd rows and a width past one warp step (128 columns)
 FLAGGED = (3, 21)  # the flagged chain: more elements than one warp, fewer than the 256 threads
 WG_U, WG_N, WG_N2 = (200, 136), 200, 260   # the wgmma pair: 2 x 1 and 2 x 2 tiles, K tails,
 #                                            K < 256 so neither splits over K
+WG2_T, WG2_N, WG2_N2 = (300, 200), 520, 260    # wgmma_graph: 3 x 3 then 3 x 2 tiles, K tail
+#                                                at A's end (520), on 2 SMs
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -149,17 +164,20 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(args.seed)
     g = build(args.m, args.k, args.n)
+    g2 = wgmma_graph()
     try:
         prog = megak.compile(g, backend="cuda", timeout_s=args.timeout, debug=True)
+        prog2 = megak.compile(g2, backend="cuda", n_sm=2, timeout_s=args.timeout, debug=True)
     except Exception:
         traceback.print_exc()
         print("sanitize_graph: FAILED to compile", flush=True)
         return 2
     ok = True
     try:
-        ex = getattr(prog, "_executor", None)
-        if ex is not None and hasattr(ex, "host_timeout_s"):
-            ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
+        for pr in (prog, prog2):
+            ex = getattr(pr, "_executor", None)
+            if ex is not None and hasattr(ex, "host_timeout_s"):
+                ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
         resident = None
         for run in range(2 * args.runs):
             if run == args.runs:   # the same runs again as requests of a resident kernel
@@ -198,6 +216,19 @@ def main(argv=None) -> int:
                                        "v = u @ w3 + bias3 (wgmma)"),
                        check_reference(g, {**rows, "a": a, "b": b, **bf}, out["o"], "o",
                                        "o = gelu(v @ w4) + res4 (wgmma)")]
+            if resident is None:
+                w = {"t": rng.uniform(-1, 1, WG2_T),
+                     "w5": rng.uniform(-1, 1, (WG2_T[1], WG2_N)),
+                     "bias5": rng.uniform(-1, 1, WG2_N),
+                     "w6": rng.uniform(-1, 1, (WG2_N, WG2_N2))}
+                w = {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
+                out2 = prog2.run(**w)
+                variant = getattr(getattr(prog2, "_executor", None), "last_variant", None)
+                results += [check_reference(g2, w, out2["e"], "e", f"e = t @ w5 + bias5 "
+                                            f"(wgmma, kernel {variant})"),
+                            check_reference(g2, w, out2["d"], "d", "d = e @ w6 (wgmma)")]
+                if variant != "wgmma_only":
+                    results.append((False, f"the wgmma pair ran on the {variant} kernel"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",
@@ -210,13 +241,14 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        close = getattr(prog, "close", None)
-        if close is not None:
-            try:
-                close()  # free everything before exit: memcheck's leak check sees real leaks
-            except Exception:
-                traceback.print_exc()
-                ok = False
+        for pr in (prog, prog2):
+            close = getattr(pr, "close", None)
+            if close is not None:
+                try:
+                    close()  # free everything before exit: memcheck's leak check sees leaks
+                except Exception:
+                    traceback.print_exc()
+                    ok = False
     print(f"sanitize_graph: {'PASS' if ok else 'FAIL'}", flush=True)
     return 0 if ok else 1
 

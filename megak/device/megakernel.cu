@@ -175,7 +175,7 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
 #if MK_WGMMA_ONLY
     /* the one op this variant runs (pages.cuh): wgmma tiles with a register epilogue */
     if (in.opcode != MK_OP_GEMM || (in.flags & MK_FLAG_WGMMA) == 0u ||
-        (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u)
+        (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u || in.pages != MK_WGMMA_PAGES)
         return MK_ERR_BAD_OPCODE;
 #endif
     if (in.pages > p.n_pages - p.stream_pages) {   /* the ring's pages are not the allocator's */
@@ -348,6 +348,35 @@ __device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u6
     }
 }
 
+#if MK_WGMMA_ONLY
+/* Step L3 of the MK_WGMMA_ONLY kernel (pages.cuh), loader lane 0: the chained ring. The
+ * queue's first instruction takes 12 pages as any would and pairs their B pages; every later
+ * one runs in the same pages, and none hands them back (released: all of them), so the
+ * loader issues an instruction's stages while the one before still computes, as its slots
+ * come free (ops/gemm_wgmma.cuh; the protocol: runtime/wgmma_model.py, chained). The pages
+ * go back after the queue's last compute barrier (mk_compute). The instruction's first ring
+ * position goes to the compute warps in stream_pos. */
+__device__ mk_u32 mk_loader_ring_pages(mk_control& ctl, mk_slot& s, mk_u32 q,
+                                       mk_u64 timeout_ns, mk_u32* observed)
+{
+    if (!ctl.wgmma_held) {
+        const mk_u32 error = mk_loader_acquire(ctl, s, q, timeout_ns, observed);
+        if (error != MK_OK)
+            return error;
+        mk_wgmma_pair_b_pages(s.page);
+        for (mk_u32 i = 0; i < MK_WGMMA_PAGES; ++i)
+            ctl.wgmma_page[i] = s.page[i];
+        ctl.wgmma_held = 1u;
+    } else {
+        for (mk_u32 i = 0; i < MK_WGMMA_PAGES; ++i)
+            s.page[i] = ctl.wgmma_page[i];
+    }
+    s.released = (1u << MK_WGMMA_PAGES) - 1u;
+    s.stream_pos = ctl.wgmma_pos;
+    return MK_OK;
+}
+#endif
+
 /* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
 __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p)
 {
@@ -474,14 +503,18 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
                 error = mk_validate(s.ins, p, &e.expected, &e.observed);
             if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))
                 error = MK_ERR_BAD_DESCRIPTOR;
+            /* the streamer counts the same stages on the same record bytes (stream.cuh) */
+            s.stream_pos = stream_pos;
             /* L3 */
             if (error == MK_OK) {
+#if MK_WGMMA_ONLY
+                error = mk_loader_ring_pages(ctl, s, q, p.timeout_ns, &e.observed);
+#else
                 error = mk_loader_acquire(ctl, s, q, p.timeout_ns, &e.observed);
+#endif
                 if (error != MK_OK)
                     e.expected = s.ins.pages;   /* observed: the pages free at the end */
             }
-            /* the streamer counts the same stages on the same record bytes (stream.cuh) */
-            s.stream_pos = stream_pos;
             s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;
             stream_pos += s.stream_stages;
 #if MK_TRACE
@@ -676,6 +709,17 @@ __device__ __noinline__ void mk_compute()
             mk_compute_signal(q);
     }
     if (tid == 0) {
+#if MK_WGMMA_ONLY
+        /* the chained ring's pages (mk_loader_ring_pages): every stage issued was waited
+         * for, so no copy is in flight, and no MMA reads them after the last barrier */
+        if (ctl.wgmma_held) {
+            mk_u32 mask = 0;
+            for (mk_u32 i = 0; i < MK_WGMMA_PAGES; ++i)
+                mask |= 1u << ctl.wgmma_page[i];
+            mk_pages_give_back(&ctl.free_pages, mask);
+            ctl.wgmma_held = 0;
+        }
+#endif
         /* A leak is reported against the queue's last instruction, as the simulator does. */
         const mk_u32 free_now = mk_pages_free_now(&ctl.free_pages);
         if (p.debug && free_now != mk_all_pages_mask(p.n_pages - p.stream_pages)) {
@@ -918,6 +962,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     if (tid == 0) {
         ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
         ctl.wgmma_inited = 0;  /* nor a wgmma GEMM's (ops/gemm_wgmma.cuh) */
+        ctl.wgmma_held = 0;    /* MK_WGMMA_ONLY's chained ring starts empty, at position 0 */
+        ctl.wgmma_pos = 0;
         stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {

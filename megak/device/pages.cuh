@@ -62,7 +62,8 @@ struct mk_slot {
     mk_u32 stop;                         /* the loader stopped here (error or abort) */
     mk_u32 pages_in_use;                 /* pages held on the SM once this one acquired (trace) */
     mk_u64 t_loader[3];                  /* MK_TRACE: fetch, waited, acquired (loader clock) */
-    mk_u32 stream_pos;                   /* weight stream (stream.cuh): first stage position */
+    mk_u32 stream_pos;                   /* weight stream (stream.cuh): first stage position;
+                                            MK_WGMMA_ONLY: the wgmma ring's */
     mk_u32 stream_stages;                /* and stage count of this instruction; 0: none */
 };
 
@@ -104,6 +105,10 @@ struct mk_control {
     mk_u64 wgmma_full[MK_WGMMA_STAGES];
     mk_u64 wgmma_empty[MK_WGMMA_STAGES];
     mk_u32 wgmma_inited;               /* the wgmma barriers are valid (invalidate first) */
+    /* MK_WGMMA_ONLY's chained ring (megakernel.cu, mk_loader_ring_pages): the pages it took
+     * for the whole queue (held), and the loader's next ring position */
+    mk_u32 wgmma_held, wgmma_pos;
+    mk_u8 wgmma_page[MK_WGMMA_PAGES];
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");

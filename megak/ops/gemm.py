@@ -112,6 +112,14 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
     return -(-boxes // per), per * BOX_ROWS
 
 
+# wgmma tiles split over K only into 8 parts or more: a split adds fp32 partials and a reduce
+# op, and a program with a reduce runs on the general kernel, whose wgmma are serialised
+# (device/pages.cuh, MK_WGMMA_ONLY). Measured on the H200 (bf16, M x 4096 x 4096): M = 512
+# (64 tiles) 121.2 us split in 2 against 79.5 unsplit, M = 384 117.5 / 88.1, M = 256 (32
+# tiles, split in 4) 112.9 / 77.9.
+WGMMA_MIN_SPLITS = 8
+
+
 def uses_wgmma(dtype: str, n_pages: int) -> bool:
     """Whether a non-streamed GEMM takes 128 x 256 wgmma tiles: bf16 operands and room for the
     op's MK_WGMMA_PAGES pages on each SM."""
@@ -131,18 +139,19 @@ def _tile_pages_and_flag(attrs: dict, dtype: str) -> tuple[int, int]:
 
 
 def split_k_factor(m: int, k: int, n: int, n_sm: int,
-                   tile_n: int = TILE_N) -> tuple[int, int]:
+                   tile_n: int = TILE_N, min_splits: int = 2) -> tuple[int, int]:
     """(splits, K per split) for a GEMM: 1 unless its output tiles would leave most SMs idle.
 
     A GEMM of few output tiles (an MLP at small batch: M = 16 gives N/128 tiles) runs its
     whole K loop on those few SMs while the rest wait; splitting K over more SMs and summing
     the partials in a reduce instruction puts every SM to work. Chunks are multiples of 64 so
-    bf16 operands stay 16-B aligned."""
+    bf16 operands stay 16-B aligned. No split below `min_splits` parts: wgmma tiles ask for 8
+    (WGMMA_MIN_SPLITS)."""
     tiles = -(-m // TILE_M) * -(-n // tile_n)
-    if 2 * tiles > n_sm or k < 2 * MIN_SPLIT_K:
+    if min_splits * tiles > n_sm or k < 2 * MIN_SPLIT_K:
         return 1, k
     splits = min(n_sm // tiles, k // MIN_SPLIT_K, MAX_SPLITS)
-    if splits < 2:
+    if splits < min_splits:
         return 1, k
     chunk = -(-k // splits)
     chunk = -(-chunk // 64) * 64
@@ -172,7 +181,8 @@ class Gemm(OpDef):
                                attrs=dict(unit.attrs, stream=parts, chunk=chunk))]
         wide = uses_wgmma(a.dtype, ctx.n_pages)
         splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm,
-                                       WGMMA_TILE_N if wide else TILE_N)
+                                       WGMMA_TILE_N if wide else TILE_N,
+                                       WGMMA_MIN_SPLITS if wide else 2)
         if splits == 1:   # tiles in grouped order (lower), in groups fitted to the SMs
             tile_n = WGMMA_TILE_N if wide else TILE_N
             tile_m = WGMMA_TILE_M if wide else TILE_M

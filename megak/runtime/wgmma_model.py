@@ -35,6 +35,18 @@ show that each is caught: refill without the empty wait, a wrong parity, pages b
 the compute barrier, the next instruction's barriers initialised before the pages came back,
 a second issuer (what the op's own thread 0 does where there is no loader, if it also ran
 where there is one), and an empty barrier expecting 7 arrivals.
+
+**Chained** (`chained=True`: the MK_WGMMA_ONLY kernel, device/pages.cuh, where every
+instruction is a wgmma tile): one ring for the whole queue. The first instruction's loader
+takes the 12 pages and initialises the barriers; nobody hands pages back until the queue is
+done (then thread 0, after the last compute barrier). Stages are numbered by ring position
+across instructions: instruction t's k-block kb is position P_t + kb (P_t: the stages of the
+instructions before it), in slot pos % 4, full phase pos / 4; the loader hands the slot over
+first and then issues every stage of t, position pos >= 4 once empty[pos % 4] completed phase
+pos / 4 - 1, so t's first stages are in flight while t - 1 still computes; the warps arrive
+on empty for every stage, the last of each instruction included. Its misuses: the parity
+taken from kb instead of the position, the last stage of an instruction never released, and
+the barriers initialised again for each instruction.
 """
 from __future__ import annotations
 
@@ -68,6 +80,9 @@ class Misuse:
     init_early: bool = False         # the loader takes no pages before initialising
     second_issuer: bool = False      # compute thread 0 issues the stages too
     empty_count: int = WARPS         # arrivals an empty phase needs
+    parity_from_kb: bool = False     # chained: parities from kb, not from the ring position
+    keep_last: bool = False          # chained: the last stage of an instruction never released
+    init_each: bool = False          # chained: barriers initialised again per instruction
 
 
 class Barrier:
@@ -100,8 +115,9 @@ class Barrier:
 
 
 class WgmmaModel:
-    def __init__(self, nk: list[int], *, misuse: Misuse = Misuse()):
-        self.nk, self.misuse = list(nk), misuse
+    def __init__(self, nk: list[int], *, misuse: Misuse = Misuse(), chained: bool = False):
+        self.nk, self.misuse, self.chained = list(nk), misuse, chained
+        self.first_pos = [sum(nk[:t]) for t in range(len(nk))]   # P_t (chained)
         self.full = [Barrier(1) for _ in range(STAGES)]
         self.empty = [Barrier(misuse.empty_count) for _ in range(STAGES)]
         self.slot = [None] * STAGES          # (t, kb) that last landed in the slot
@@ -112,7 +128,7 @@ class WgmmaModel:
         self.in_flight: dict[int, int] = {}  # copies in flight per instruction
         self.active_warps: dict[int, int] = {}   # warps of t between hand-over and barrier
         self.done_t: set[int] = set()
-        self.actors = [Actor("loader", self._loader())]
+        self.actors = [Actor("loader", self._chained_loader() if chained else self._loader())]
         self.actors += [Actor(f"warp {w}", self._warp(w)) for w in range(WARPS)]
         if misuse.second_issuer:
             self.actors.append(Actor("thread 0 issuer", self._second_issuer()))
@@ -136,8 +152,8 @@ class WgmmaModel:
         self.full = [Barrier(1) for _ in range(STAGES)]
         self.empty = [Barrier(self.misuse.empty_count) for _ in range(STAGES)]
 
-    def _issue(self, t: int, kb: int):
-        s = kb % STAGES
+    def _issue(self, t: int, kb: int, pos: int | None = None):
+        s = (kb if pos is None else pos) % STAGES
         bar = self.full[s]
         bar.arrive(tx=1)
         self.in_flight[t] = self.in_flight.get(t, 0) + 1
@@ -145,7 +161,7 @@ class WgmmaModel:
 
     def _copy(self, t: int, kb: int, s: int, bar: Barrier):
         yield f"copy ({t}, {kb}) in flight"
-        if self.holder != t:
+        if self.holder != ("ring" if self.chained else t):
             raise RingViolation(3, f"copy ({t}, {kb}) lands in pages instruction {t} no "
                                    f"longer holds")
         self.slot[s] = (t, kb)
@@ -176,6 +192,24 @@ class WgmmaModel:
                 self._issue(t, kb)
                 yield None
 
+    def _chained_loader(self):
+        for t, nk in enumerate(self.nk):
+            if t == 0 or self.misuse.init_each:
+                if t == 0:
+                    self.holder = "ring"             # the queue's pages, taken once
+                self._init_barriers(t)
+                yield None
+            self.handed = t                          # L7, then L8 issues every stage
+            yield None
+            for kb in range(nk):
+                pos = self.first_pos[t] + kb
+                s, parity = pos % STAGES, (pos // STAGES - 1) & 1
+                while pos >= STAGES and not (self.misuse.refill_early
+                                             or self.empty[s].done(parity)):
+                    yield f"empty[{s}] phase {pos // STAGES - 1} (position {pos})"
+                self._issue(t, kb, pos)
+                yield None
+
     def _second_issuer(self):
         for t, nk in enumerate(self.nk):
             while self.handed < t:
@@ -191,10 +225,12 @@ class WgmmaModel:
                 yield f"instruction {t} handed over"
             self.active_warps[t] = self.active_warps.get(t, 0) + 1
             for kb in range(nk):
-                s = kb % STAGES
-                parity = ((kb // STAGES) & 1) ^ (1 if self.misuse.wrong_parity else 0)
+                pos = kb if not self.chained or self.misuse.parity_from_kb \
+                    else self.first_pos[t] + kb
+                s = (self.first_pos[t] + kb if self.chained else kb) % STAGES
+                parity = ((pos // STAGES) & 1) ^ (1 if self.misuse.wrong_parity else 0)
                 while not self.full[s].done(parity):
-                    yield f"full[{s}] phase {kb // STAGES} of instruction {t}"
+                    yield f"full[{s}] phase {pos // STAGES} of instruction {t}"
                 if self.slot[s] != (t, kb):
                     raise RingViolation(1, f"warp {w} reads slot {s} for ({t}, {kb}) and "
                                            f"finds {self.slot[s]}")
@@ -202,7 +238,8 @@ class WgmmaModel:
                 if self.slot[s] != (t, kb):
                     raise RingViolation(1, f"stage ({t}, {kb}) in slot {s} was overwritten "
                                            f"by {self.slot[s]} while warp {w} read it")
-                self.empty[s].arrive()
+                if not (self.chained and self.misuse.keep_last and kb == nk - 1):
+                    self.empty[s].arrive()
                 yield None
             self.active_warps[t] -= 1
             if self.misuse.release_early:
@@ -211,16 +248,18 @@ class WgmmaModel:
             while self.finished[t] < WARPS:          # the compute barrier
                 yield f"instruction {t}'s compute barrier"
             if w == 0:
-                self._release(t)
+                if not self.chained or t == len(self.nk) - 1:
+                    self._release(t)
                 self.done_t.add(t)
             yield None
 
     def _release(self, t: int):
         if self.released >= t:
             return
-        if self.in_flight.get(t, 0):
+        flying = sum(self.in_flight.values()) if self.chained else self.in_flight.get(t, 0)
+        if flying:
             raise RingViolation(4, f"instruction {t} hands its pages back with "
-                                   f"{self.in_flight[t]} copies in flight")
+                                   f"{flying} copies in flight")
         self.released = t
         self.holder = None
 

@@ -201,6 +201,30 @@ def test_wgmma_only_kernel_not_taken(rng):
 
 
 @pytest.mark.gpu
+def test_wgmma_only_chained_ring_stress(rng):
+    """The MK_WGMMA_ONLY kernel's one ring across a queue (device/pages.cuh): 16 random
+    programs of one or two chained GEMMs (the second reads the first's output through TMA),
+    with or without a bias, on 1 or 2 SMs so that up to dozens of tiles of both GEMMs follow
+    each other in one ring, K from 1 to 700 (1 to 11 stages per tile, K tails), 3 runs each on
+    fresh inputs, every output against float64."""
+    for i in range(16):
+        # M > 128: at least 2 tiles, never split over K on 2 SMs (a split adds a reduce)
+        m, k, n = int(rng.integers(129, 600)), int(rng.integers(1, 700)), int(rng.integers(8, 700))
+        g = megak.Graph()
+        kw = {"bias": g.input("bias", (n,), "bfloat16")} if i % 2 else {}
+        y = g.gemm(g.input("a", (m, k), "bfloat16"), g.input("b", (k, n), "bfloat16"), **kw)
+        if i % 4 < 2:
+            n2 = int(rng.integers(8, 400))
+            g.output(g.gemm(y, g.input("w", (n, n2), "bfloat16"), out_dtype="float32"), "c")
+        else:
+            g.output(y, "c")
+        with megak.compile(g, backend="cuda", n_sm=1 + i % 2) as prog:
+            for run in range(3):
+                check_graph(prog, g, rng, f"chained {i} ({m}x{k}x{n}) run {run}")
+                assert prog._executor.last_variant == "wgmma_only", (i, m, k, n)
+
+
+@pytest.mark.gpu
 def test_wgmma_stress(rng):
     """The ring the loader produces, many times over: 24 random GEMMs (every epilogue, both
     output dtypes) on 1 to 3 SMs, so tiles run back to back (barriers initialised again per

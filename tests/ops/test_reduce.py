@@ -28,6 +28,9 @@ def test_split_decision():
     assert gemm.split_k_factor(16, 4096, 1024, 132) == (16, 256)
     assert gemm.split_k_factor(4096, 4096, 4096, 132) == (1, 4096)  # enough tiles
     assert gemm.split_k_factor(16, 200, 1024, 132) == (1, 200)      # too little K
+    # wgmma tiles (128 x 256): 64 tiles run unsplit, 16 split in 8
+    assert gemm.split_k_factor(512, 4096, 4096, 132, 256, gemm.WGMMA_MIN_SPLITS) == (1, 4096)
+    assert gemm.split_k_factor(128, 4096, 4096, 132, 256, gemm.WGMMA_MIN_SPLITS) == (8, 512)
     splits, chunk = gemm.split_k_factor(16, 1000, 128, 132)
     assert chunk % 64 == 0 and (splits - 1) * chunk < 1000 <= splits * chunk
 

@@ -42,7 +42,63 @@ def test_misuse_is_caught(misuse, rule):
 
 
 def test_misuse_defaults_are_the_protocol():
-    assert Misuse() == Misuse(False, False, False, False, False, 8)
+    assert Misuse() == Misuse(False, False, False, False, False, 8, False, False, False)
+
+
+# -- chained: one ring for the whole queue (the MK_WGMMA_ONLY kernel) --------------------------
+
+CHAINED = QUEUES + [[0, 3, 0, 5], [1, 1, 1, 1, 1, 1, 1]]
+
+
+@pytest.mark.parametrize("nk", CHAINED, ids=lambda q: "-".join(map(str, q)))
+def test_chained_protocol_holds(nk):
+    for seed in range(40):
+        WgmmaModel(nk, chained=True).run(RandomScheduler(seed))
+    WgmmaModel(nk, chained=True).run(RoundRobin())
+
+
+def test_chained_ring_runs_ahead_across_instructions():
+    """The point of the chain: an instruction's first stage is issued while the one before
+    still computes (no restart at a tile boundary), which the per-instruction ring never
+    does."""
+    def ahead(chained):
+        """Whether, at some step of a round-robin run, a copy of instruction 1 is in flight
+        or landed while warps of instruction 0 still read its stages."""
+        m = WgmmaModel([9, 9], chained=chained)
+        sched, seen = RoundRobin(), False
+        for _ in range(100_000):
+            live = [a for a in m.actors if not a.done]
+            if not live:
+                return seen
+            sched.pick(live).step()
+            seen |= m.active_warps.get(0, 0) > 0 and any(
+                a.name.startswith("copy 1.") for a in m.actors)
+        raise AssertionError("no end")
+    assert ahead(True) and not ahead(False)
+
+
+def caught_chained(misuse: Misuse, nk=(3, 9, 6, 5, 2), seeds=200) -> set[int]:
+    rules = set()
+    for seed in range(seeds):
+        try:
+            WgmmaModel(list(nk), misuse=misuse, chained=True).run(RandomScheduler(seed))
+        except RingViolation as v:
+            rules.add(v.rule)
+    return rules
+
+
+@pytest.mark.parametrize("misuse, rule", [
+    (Misuse(refill_early=True), 1),
+    (Misuse(parity_from_kb=True), None),  # a wait passes early or never: rule 1 or 5
+    (Misuse(keep_last=True), 5),          # the next instruction's refill waits forever
+    (Misuse(init_each=True), 2),          # barriers initialised under copies in flight
+    (Misuse(empty_count=7), 1),
+], ids=["refill_early", "parity_from_kb", "keep_last", "init_each", "empty_count_7"])
+def test_chained_misuse_is_caught(misuse, rule):
+    rules = caught_chained(misuse)
+    assert rules, f"{misuse} was never caught"
+    if rule is not None:
+        assert rule in rules, (misuse, rules)
 
 
 def test_b_pages_paired_for_any_12_of_13():

@@ -209,12 +209,14 @@ __device__ __forceinline__ void mk_wgmma_tma(mk_u32 dst, const void* map, int c0
                  : : "r"(dst), "l"(map), "r"(c0), "r"(r0), "r"(mk_smem_addr(bar)) : "memory");
 }
 
-/* Stage kb of the tile into ring slot kb % 4: A's box and B's four. */
+/* Stage kb of the tile, ring position pos (kb, or P + kb in the chained ring), into ring slot
+ * pos % 4: A's box and B's four. */
 __device__ __forceinline__ void mk_wgmma_issue(const mk_instr& in, const unsigned char* maps,
-                                            unsigned char* base, const mk_u8* idx, mk_u32 kb)
+                                            unsigned char* base, const mk_u8* idx, mk_u32 kb,
+                                            mk_u32 pos)
 {
     mk_control& ctl = mk_ctl();
-    const mk_u32 slot = kb % MK_WGMMA_STAGES;
+    const mk_u32 slot = pos % MK_WGMMA_STAGES;
     mk_u64* bar = &ctl.wgmma_full[slot];
     const void* map_a = maps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_A];
     const void* map_b = maps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
@@ -248,7 +250,25 @@ __device__ __forceinline__ void mk_wgmma_begin(const mk_instr& in, unsigned char
     asm volatile("fence.proxy.async;" : : : "memory");   /* generic writes -> copies (header) */
     const unsigned char* maps = mk_tmaps(ctl.params);
     for (mk_u32 kb = 0; kb < nk && kb < MK_WGMMA_STAGES; ++kb)
-        mk_wgmma_issue(in, maps, base, idx, kb);
+        mk_wgmma_issue(in, maps, base, idx, kb, kb);
+}
+
+/* The chained ring's L6 (MK_WGMMA_ONLY): the barriers once, for the queue's first
+ * instruction (shared memory is fresh at launch: nothing to invalidate), then the proxy fence
+ * every instruction (its A may be another SM's generic stores, ordered before this by the
+ * dependency wait). */
+__device__ __forceinline__ void mk_wgmma_chain_begin()
+{
+    mk_control& ctl = mk_ctl();
+    if (!ctl.wgmma_inited) {
+        for (mk_u32 i = 0; i < MK_WGMMA_STAGES; ++i) {
+            mk_mbar_init(&ctl.wgmma_full[i], 1u);
+            mk_mbar_init(&ctl.wgmma_empty[i], MK_THREADS / 32);
+        }
+        ctl.wgmma_inited = 1u;
+        mk_fence_mbar_init();
+    }
+    asm volatile("fence.proxy.async;" : : : "memory");
 }
 
 /* The issuer, after a consumer passed a deadline: the copies it issued land before the pages
@@ -306,13 +326,15 @@ __device__ __forceinline__ bool mk_wgmma_b_pages_adjacent(const mk_u8* idx)
     return adjacent;
 }
 
-/* The k loop: stage kb in slot kb % 4; N256 picks the instruction shape (header). Returns
- * false when a wait passed its deadline (the accumulators are then garbage). `issued` is
- * thread 0's count of stages issued. */
+/* The k loop: stage kb at ring position p0 + kb (p0 = 0 but in the chained ring), slot
+ * (p0 + kb) % 4; N256 picks the instruction shape (header). Returns false when a wait passed
+ * its deadline (the accumulators are then garbage). `issued` is thread 0's count of stages
+ * issued. In the chained ring every stage is released on its empty barrier, the last one
+ * too: the next instruction's stages refill the slots. */
 template <bool N256>
 __device__ __forceinline__ bool mk_wgmma_k_loop(const mk_instr& in, const mk_pages& pages,
                                                 float (&d)[128], mk_u32 nk, mk_u32& issued,
-                                                bool self_issue)
+                                                bool self_issue, mk_u32 p0)
 {
     mk_control& ctl = mk_ctl();
     const mk_u32 tid = threadIdx.x, wg = tid >> 7, lane = tid & 31u;
@@ -320,9 +342,9 @@ __device__ __forceinline__ bool mk_wgmma_k_loop(const mk_instr& in, const mk_pag
     const mk_u32 page0 = mk_smem_addr(pages.base);
 #pragma unroll 1
     for (mk_u32 kb = 0; kb < nk; ++kb) {
-        const mk_u32 slot = kb % MK_WGMMA_STAGES;
+        const mk_u32 pos = p0 + kb, slot = pos % MK_WGMMA_STAGES;
         if (!__all_sync(0xffffffffu, mk_wgmma_wait_bar(&ctl.wgmma_full[slot],
-                                                         (kb / MK_WGMMA_STAGES) & 1u, patience)))
+                                                         (pos / MK_WGMMA_STAGES) & 1u, patience)))
             return false;
         if (kb == 0)
             mk_trace_mark(MK_T_LOADED);
@@ -333,7 +355,10 @@ __device__ __forceinline__ bool mk_wgmma_k_loop(const mk_instr& in, const mk_pag
             const mk_u32 done = (kb - 2) % MK_WGMMA_STAGES;
             if (mk_wgmma_wait_bar(&ctl.wgmma_empty[done], ((kb - 2) / MK_WGMMA_STAGES) & 1u,
                                   patience))
-                mk_wgmma_issue(in, mk_tmaps(ctl.params), pages.base, pages.idx, issued++);
+            {
+                mk_wgmma_issue(in, mk_tmaps(ctl.params), pages.base, pages.idx, issued, issued);
+                ++issued;
+            }
             else
                 atomicExch(&ctl.stream_error, 1u);   /* the consumers will time out too */
         }
@@ -357,10 +382,12 @@ __device__ __forceinline__ bool mk_wgmma_k_loop(const mk_instr& in, const mk_pag
         if (kb > 0) {   /* stage kb - 1 retired: its slot may be refilled */
             mk_wgmma_wait<1>();
             if (lane == 0)
-                mk_mbar_arrive(&ctl.wgmma_empty[(kb - 1) % MK_WGMMA_STAGES]);
+                mk_mbar_arrive(&ctl.wgmma_empty[(pos - 1) % MK_WGMMA_STAGES]);
         }
     }
     mk_wgmma_wait<0>();
+    if (MK_WGMMA_ONLY && nk > 0 && lane == 0)   /* the chained ring: the last stage too */
+        mk_mbar_arrive(&ctl.wgmma_empty[(p0 + nk - 1) % MK_WGMMA_STAGES]);
     mk_wgmma_pin(d);
     mk_trace_mark(MK_T_COMPUTED);
     return true;
@@ -613,9 +640,11 @@ __device__ __forceinline__ void mk_gemm_wgmma_run(const mk_instr& in, const mk_t
             mk_wgmma_begin(in, pages.base, pages.idx, nk);
         mk_compute_sync();   /* barriers initialised before anyone waits */
     }
+    /* the chained ring's first position (MK_WGMMA_ONLY: mk_loader_ring_pages), else 0 */
+    const mk_u32 p0 = MK_WGMMA_ONLY ? pages.stream_pos : 0u;
     const bool ok = MK_WGMMA_ONLY || mk_wgmma_b_pages_adjacent(pages.idx)
-                        ? mk_wgmma_k_loop<true>(in, pages, d, nk, issued, self_issue)
-                        : mk_wgmma_k_loop<false>(in, pages, d, nk, issued, self_issue);
+                        ? mk_wgmma_k_loop<true>(in, pages, d, nk, issued, self_issue, p0)
+                        : mk_wgmma_k_loop<false>(in, pages, d, nk, issued, self_issue, p0);
     if (!ok) {
         mk_wgmma_wait<0>();   /* no MMA in flight when the pages go back */
         if (lane == 0)
@@ -627,8 +656,10 @@ __device__ __forceinline__ void mk_gemm_wgmma_run(const mk_instr& in, const mk_t
     /* (MK_WGMMA_ONLY runs register epilogues only: a branch between the two would serialise
      * its MMAs, C7518; mk_validate refuses the others there) */
     if (MK_WGMMA_ONLY || mk_wgmma_register_epilogue(in)) {
-        mk_compute_sync();   /* every warpgroup's MMAs are done reading the pages */
-        pages.release(0, MK_WGMMA_PAGES);
+        if (!MK_WGMMA_ONLY) {   /* (the chained ring keeps its pages) */
+            mk_compute_sync();   /* every warpgroup's MMAs are done reading the pages */
+            pages.release(0, MK_WGMMA_PAGES);
+        }
         mk_wgmma_store_registers(in, op, d);
         return;
     }
@@ -689,19 +720,30 @@ __device__ __forceinline__ void mk_wgmma_pair_b_pages(mk_u8* table)
 }
 
 /* L6, lane 0: the B pages paired, fresh barriers, the proxy fence (the loader's dependency
- * wait ordered A's producers' stores before it), the first stages. */
+ * wait ordered A's producers' stores before it), the first stages. In the chained ring
+ * (MK_WGMMA_ONLY, below) only the proxy fence, and the barriers for the queue's first
+ * instruction: the pages were paired when the ring took them, and every stage is issued
+ * after L7. */
 __device__ __forceinline__ void mk_gemm_wgmma_preload(const mk_instr& in, const mk_pages& pages,
                                                       mk_u32 lane)
 {
-    if (lane == 0) {
-        mk_wgmma_pair_b_pages(const_cast<mk_u8*>(pages.idx));   /* the loader's (above) */
-        mk_wgmma_begin(in, pages.base, pages.idx,
-                       ((mk_u32)in.klen + MK_WGMMA_BK - 1) / MK_WGMMA_BK);
-    }
+    if (lane != 0)
+        return;
+#if MK_WGMMA_ONLY
+    (void)in;
+    (void)pages;
+    mk_wgmma_chain_begin();
+#else
+    mk_wgmma_pair_b_pages(const_cast<mk_u8*>(pages.idx));   /* the loader's (above) */
+    mk_wgmma_begin(in, pages.base, pages.idx, ((mk_u32)in.klen + MK_WGMMA_BK - 1) / MK_WGMMA_BK);
+#endif
 }
 
-/* After L7, lane 0: the stages past the first four, each once its slot is empty. MK_OK, or
- * MK_ERR_TIMEOUT when a slot never came back (the copies issued have landed by then). */
+/* After L7, lane 0: stage kb = first .. nk - 1 at ring position p0 + kb, each once its slot
+ * is empty (position >= 4: every warp released position - 4). MK_OK, or MK_ERR_TIMEOUT when a
+ * slot never came back (the copies issued have landed by then). The per-instruction ring
+ * issues the first 4 at L6 (first = 4, p0 = 0); the chained one all of them (first = 0, p0
+ * the instruction's first position), and moves the ring on by nk. */
 __device__ __noinline__ mk_u32 mk_gemm_wgmma_produce(const mk_instr& in, unsigned char* base,
                                                      const mk_u8* idx)
 {
@@ -709,14 +751,21 @@ __device__ __noinline__ mk_u32 mk_gemm_wgmma_produce(const mk_instr& in, unsigne
     const mk_u32 nk = ((mk_u32)in.klen + MK_WGMMA_BK - 1) / MK_WGMMA_BK;
     const mk_u64 patience = mk_patience(ctl.params.timeout_ns);
     const unsigned char* maps = mk_tmaps(ctl.params);
-    for (mk_u32 kb = MK_WGMMA_STAGES; kb < nk; ++kb) {
-        const mk_u32 slot = kb % MK_WGMMA_STAGES;
-        if (!mk_wgmma_wait_bar(&ctl.wgmma_empty[slot], ((kb / MK_WGMMA_STAGES) - 1u) & 1u,
+#if MK_WGMMA_ONLY
+    const mk_u32 first = 0u, p0 = ctl.wgmma_pos;
+    ctl.wgmma_pos = p0 + nk;
+#else
+    const mk_u32 first = MK_WGMMA_STAGES, p0 = 0u;
+#endif
+    for (mk_u32 kb = first; kb < nk; ++kb) {
+        const mk_u32 pos = p0 + kb, slot = pos % MK_WGMMA_STAGES;
+        if (pos >= MK_WGMMA_STAGES &&
+            !mk_wgmma_wait_bar(&ctl.wgmma_empty[slot], ((pos / MK_WGMMA_STAGES) - 1u) & 1u,
                                patience)) {
-            mk_wgmma_drain(kb);
+            mk_wgmma_drain(pos);
             return MK_ERR_TIMEOUT;
         }
-        mk_wgmma_issue(in, maps, base, idx, kb);
+        mk_wgmma_issue(in, maps, base, idx, kb, pos);
     }
     return MK_OK;
 }
