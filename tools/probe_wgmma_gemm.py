@@ -24,9 +24,10 @@ What megak's op adds to the serialised MMAs, one knob each (variants `... gmaps`
 read from global memory, as from megak's tensor table; `... restart`: the producer issues a
 tile's first stages only once every consumer warp finished the k loop of the tile before, as
 megak's one tile per instruction drains the ring; `rowmajor`: the order of megak's list
-scheduling), and all three together. megak's op ran its k loop at 0.83 us per k-block of 64
-against the serialised probe's 0.63 (benchmarks/ANALYSIS.md); these rows are to say which
-knob costs what (written after the last device run of the session: not yet measured).
+scheduling), and all three together. Third run (same GPU and day), 8192^3, TFLOP/s: n256
+753.1, serialised 674.6, serialised + gmaps 678.1, + restart 645.0, row-major 639.4, all
+three 598.5 (torch 789.5); megak's op measured 590 in the same session, i.e. the serialised
+MMAs in row-major order (benchmarks/ANALYSIS.md, "The wgmma MMAs pipelined").
 
 The kernel (one source, two entries; one block per SM, grid = min(SMs, tiles), 384 threads):
 
