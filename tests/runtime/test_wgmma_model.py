@@ -15,11 +15,11 @@ def test_protocol_holds(nk):
     WgmmaModel(nk).run(RoundRobin())
 
 
-def caught(misuse: Misuse, nk=(9, 6, 5), seeds=200) -> set[int]:
+def caught(misuse: Misuse, nk=(9, 6, 5), seeds=200, chained=False) -> set[int]:
     rules = set()
     for seed in range(seeds):
         try:
-            WgmmaModel(list(nk), misuse=misuse).run(RandomScheduler(seed))
+            WgmmaModel(list(nk), misuse=misuse, chained=chained).run(RandomScheduler(seed))
         except RingViolation as v:
             rules.add(v.rule)
     return rules
@@ -77,16 +77,6 @@ def test_chained_ring_runs_ahead_across_instructions():
     assert ahead(True) and not ahead(False)
 
 
-def caught_chained(misuse: Misuse, nk=(3, 9, 6, 5, 2), seeds=200) -> set[int]:
-    rules = set()
-    for seed in range(seeds):
-        try:
-            WgmmaModel(list(nk), misuse=misuse, chained=True).run(RandomScheduler(seed))
-        except RingViolation as v:
-            rules.add(v.rule)
-    return rules
-
-
 @pytest.mark.parametrize("misuse, rule", [
     (Misuse(refill_early=True), 1),
     (Misuse(parity_from_kb=True), None),  # a wait passes early or never: rule 1 or 5
@@ -95,7 +85,7 @@ def caught_chained(misuse: Misuse, nk=(3, 9, 6, 5, 2), seeds=200) -> set[int]:
     (Misuse(empty_count=7), 1),
 ], ids=["refill_early", "parity_from_kb", "keep_last", "init_each", "empty_count_7"])
 def test_chained_misuse_is_caught(misuse, rule):
-    rules = caught_chained(misuse)
+    rules = caught(misuse, nk=(3, 9, 6, 5, 2), chained=True)
     assert rules, f"{misuse} was never caught"
     if rule is not None:
         assert rule in rules, (misuse, rules)
