@@ -101,7 +101,8 @@ struct mk_control {
                                           error MK_OK while none failed */
     /* the wgmma GEMM's ring (ops/gemm_wgmma.cuh): stage slot i landed (full), every compute
      * warp is done reading it (empty); initialised again for each instruction by its issuer
-     * (the loader warp, or the op's thread 0 in the separate-launch entry) */
+     * (the loader warp, or the op's thread 0 in the separate-launch entry), once per queue in
+     * MK_WGMMA_ONLY's chained ring */
     mk_u64 wgmma_full[MK_WGMMA_STAGES];
     mk_u64 wgmma_empty[MK_WGMMA_STAGES];
     mk_u32 wgmma_inited;               /* the wgmma barriers are valid (invalidate first) */

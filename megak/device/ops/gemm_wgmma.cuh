@@ -26,7 +26,9 @@
  * on the interpreter around it), so ptxas serialises its wgmma (warning C7510: each waits for
  * the one before). tools/probe_wgmma_gemm.py measured what that costs: 8192^3 770 -> 700
  * TFLOP/s with n256 (n128 x 2: 765 -> 667), against cuBLAS 807. Inlining the k loop into the
- * kernel entry avoids it, but then every op body below mk_compute spills (ANALYSIS.md).
+ * general kernel's entry avoids it, but then every op body below mk_compute spills
+ * (ANALYSIS.md). The MK_WGMMA_ONLY build (pages.cuh) inlines it into a kernel with no other
+ * op, and there the ring is chained across the queue (below).
  *
  * After the k loop an epilogue of at most a bias stores straight from the accumulators (the
  * pages already handed back); any other goes through the first 8 pages as two 128 x 128
@@ -76,6 +78,18 @@
  *   - pages back: a compute barrier after the k loop (both warpgroups' MMAs done reading
  *     every page, every copy consumed), then either the staging stores or, for an epilogue
  *     of at most a bias, pages.release of all 12 before the stores from registers.
+ * The chained ring (MK_WGMMA_ONLY; megakernel.cu mk_loader_ring_pages): one ring for the
+ * queue, the same argument per ring position instead of per k-block. Record t's stage kb is
+ * position P_t + kb (P_t = the stages of the records before it), slot pos % 4, full phase
+ * pos / 4. The barriers are initialised once, at the queue's first L6, before its hand-over;
+ * the pages are taken at the first L3 and given back by thread 0 after the queue's last
+ * compute barrier (every issued position was waited for on full: no copy in flight, no MMA
+ * reading). Write after read across records: the warps arrive on empty for every position,
+ * a record's last one included (after wait_group 0), and the loader issues position pos >= 4
+ * only after empty[pos % 4] completed phase pos / 4 - 1, whichever record read it. No generic
+ * write touches the ring's pages (register epilogues only), so no proxy fence is needed for
+ * them; fence.proxy.async still runs at every record's L6, after its dependency wait, for
+ * A in global memory.
  * Every wait has a deadline (mk_patience of the params' timeout). A consumer that passes it
  * raises ctl.stream_error (the interpreter stops the block with MK_ERR_TIMEOUT after the
  * op); an issuer that passes one stops (the loader with MK_ERR_TIMEOUT) after waiting,
