@@ -9,6 +9,9 @@ instructions of:
   computed -> stored   staging + epilogue + signals
   stored -> next fetch the interpreter's hand-over to the next tile on the same SM
 and the untraced run's time (CUDA events around prog.run on torch tensors, median of 10).
+The untraced run of a plain GEMM takes the MK_WGMMA_ONLY kernel (pipelined MMAs); a traced
+run always takes the general one (its trace marks would serialise the MMAs), so the phases
+are those of the serialised body: use them for the shape of a tile, ncu for the variant.
 
     python tools/probe_wgmma_phases.py [--mnk 8192 8192 8192]
 """
