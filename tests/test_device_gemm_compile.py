@@ -321,7 +321,7 @@ def wgmma_only(cache_dir):
 
 def test_wgmma_only_kernel_pipelines_its_mmas(wgmma_only, tmp_path):
     """ptxas reports no serialised wgmma (C7510 call boundary, C7511 registers, C7518 a
-    divergent wait), nothing spills, and in the SASS the k loop's four n256 MMAs go out back
+    divergent wait) though the kernel also calls the reduce body, nothing spills, and in the SASS the k loop's four n256 MMAs go out back
     to back: only the last of a stage carries the group's scoreboard and one wait
     (DEPBAR.LE gsb0, 0x1) follows them, not one wait per MMA as in the general kernel."""
     assert "serialized" not in wgmma_only.log, [
@@ -335,6 +335,9 @@ def test_wgmma_only_kernel_pipelines_its_mmas(wgmma_only, tmp_path):
     entry = [f for f in funcs if f.startswith("megakernel,")]
     assert len(entry) == 1 and not [f for f in funcs if f.startswith(("megak_op,",
                                                                      "megakernel_resident,"))]
+    # the one other op it dispatches to: the split-K reduce, a called body
+    assert [f for f in funcs if "mk_reduce_body" in f.split(",")[0]], [
+        f.split(",")[0] for f in funcs]
     mmas = re.findall(r"HGMMA\.(\d+x\d+)x16\.F32\.BF16[^;]*;", entry[0])
     assert mmas and set(mmas) == {"64x256"}, mmas   # the n256 loop only
     code = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", entry[0])]

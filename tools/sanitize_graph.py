@@ -13,7 +13,9 @@ second reading the first's output, written by other SMs' generic stores, through
 The runs are made once as launches (prog.run) and once as requests of a resident kernel
 (megak.resident: the request ring, the relay and the per-request set-up). A second program,
 two chained wgmma GEMMs with at most a bias on 2 SMs (wgmma_graph), runs on the
-MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/pages.cuh).
+MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/pages.cuh); a
+third, one GEMM tile + bias + gelu split over K on 8 SMs (split_graph), runs there too: wgmma
+tiles writing fp32 partials, then the reduces that sum them and run the epilogue.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -92,12 +94,22 @@ def wgmma_graph() -> megak.Graph:
     return g
 
 
+def split_graph() -> megak.Graph:
+    """s = gelu(x5 @ w7 + bias7): one output tile, split over K into fp32 partials."""
+    g = megak.Graph()
+    g.output(g.gemm(g.input("x5", SPLIT_X, "bfloat16"),
+                    g.input("w7", (SPLIT_X[1], SPLIT_N), "bfloat16"),
+                    bias=g.input("bias7", (SPLIT_N,), "bfloat16"), activation="gelu"), "s")
+    return g
+
+
 ROWS = (37, 150)   # row-wise ops: odd rows and a width past one warp step (128 columns)
 FLAGGED = (3, 21)  # the flagged chain: more elements than one warp, fewer than the 256 threads
 WG_U, WG_N, WG_N2 = (200, 136), 200, 260   # the wgmma pair: 2 x 1 and 2 x 2 tiles, K tails,
 #                                            K < 256 so neither splits over K
 WG2_T, WG2_N, WG2_N2 = (300, 200), 520, 260    # wgmma_graph: 3 x 3 then 3 x 2 tiles, K tail
 #                                                at A's end (520), on 2 SMs
+SPLIT_X, SPLIT_N = (100, 1100), 120    # split_graph: one tile, K 1100 in parts on 8 SMs
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -168,13 +180,15 @@ def main(argv=None) -> int:
     try:
         prog = megak.compile(g, backend="cuda", timeout_s=args.timeout, debug=True)
         prog2 = megak.compile(g2, backend="cuda", n_sm=2, timeout_s=args.timeout, debug=True)
+        g3 = split_graph()
+        prog3 = megak.compile(g3, backend="cuda", n_sm=8, timeout_s=args.timeout, debug=True)
     except Exception:
         traceback.print_exc()
         print("sanitize_graph: FAILED to compile", flush=True)
         return 2
     ok = True
     try:
-        for pr in (prog, prog2):
+        for pr in (prog, prog2, prog3):
             ex = getattr(pr, "_executor", None)
             if ex is not None and hasattr(ex, "host_timeout_s"):
                 ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
@@ -229,6 +243,17 @@ def main(argv=None) -> int:
                             check_reference(g2, w, out2["d"], "d", "d = e @ w6 (wgmma)")]
                 if variant != "wgmma_only":
                     results.append((False, f"the wgmma pair ran on the {variant} kernel"))
+                w = {"x5": rng.uniform(-1, 1, SPLIT_X),
+                     "w7": rng.uniform(-1, 1, (SPLIT_X[1], SPLIT_N)),
+                     "bias7": rng.uniform(-1, 1, SPLIT_N)}
+                w = {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
+                out3 = prog3.run(**w)
+                variant = getattr(getattr(prog3, "_executor", None), "last_variant", None)
+                results.append(check_reference(g3, w, out3["s"], "s", "s = gelu(x5 @ w7 + "
+                                               f"bias7) (wgmma split-K, kernel {variant})"))
+                if variant != "wgmma_only" or "reduce" not in prog3.stats[
+                        "instructions_per_opcode"]:
+                    results.append((False, f"the split GEMM ran on the {variant} kernel"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",
@@ -241,7 +266,7 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        for pr in (prog, prog2):
+        for pr in (prog, prog2, prog3):
             close = getattr(pr, "close", None)
             if close is not None:
                 try:

@@ -106,8 +106,10 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
                                           const mk_pages& pages)
 {
 #if MK_WGMMA_ONLY
-    /* every record is a wgmma GEMM tile (mk_validate): its body, inline */
-    if (in.rows > 0 && in.cols > 0)
+    /* every record is a wgmma GEMM tile, its body inline, or a split-K reduce (mk_validate) */
+    if (in.opcode == MK_OP_REDUCE)
+        mk_reduce_run(in, op, pages);
+    else if (in.rows > 0 && in.cols > 0)
         mk_gemm_wgmma_run(in, op, pages);
 #else
     switch (in.opcode) {
@@ -173,9 +175,11 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
     if (in.opcode >= MK_OP_COUNT)
         return MK_ERR_BAD_OPCODE;
 #if MK_WGMMA_ONLY
-    /* the one op this variant runs (pages.cuh): wgmma tiles with a register epilogue */
-    if (in.opcode != MK_OP_GEMM || (in.flags & MK_FLAG_WGMMA) == 0u ||
-        (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u || in.pages != MK_WGMMA_PAGES)
+    /* the records this variant runs (pages.cuh): wgmma tiles with a register epilogue, and
+     * split-K reduces (their body is a call on its own branch, with no accumulator live) */
+    if (in.opcode != MK_OP_REDUCE &&
+        (in.opcode != MK_OP_GEMM || (in.flags & MK_FLAG_WGMMA) == 0u ||
+         (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u || in.pages != MK_WGMMA_PAGES))
         return MK_ERR_BAD_OPCODE;
 #endif
     if (in.pages > p.n_pages - p.stream_pages) {   /* the ring's pages are not the allocator's */
@@ -508,7 +512,10 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
             /* L3 */
             if (error == MK_OK) {
 #if MK_WGMMA_ONLY
-                error = mk_loader_ring_pages(ctl, s, q, p.timeout_ns, &e.observed);
+                /* a reduce takes no page: the ring stands still across it */
+                error = s.ins.opcode == MK_OP_GEMM
+                            ? mk_loader_ring_pages(ctl, s, q, p.timeout_ns, &e.observed)
+                            : mk_loader_acquire(ctl, s, q, p.timeout_ns, &e.observed);
 #else
                 error = mk_loader_acquire(ctl, s, q, p.timeout_ns, &e.observed);
 #endif

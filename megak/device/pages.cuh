@@ -34,12 +34,16 @@ typedef unsigned char mk_u8;
 
 /* MK_WGMMA_ONLY=1 (a -D define, a separately compiled variant that runtime/executor.py picks):
  * the megakernel for a program whose every instruction is a wgmma GEMM tile with tensor maps
- * (ops/gemm_wgmma.cuh). ptxas serialises wgmma.mma_async, each MMA waiting for the one before,
+ * (ops/gemm_wgmma.cuh) or a split-K reduce of such tiles' partials (ops/reduce.cuh). ptxas serialises wgmma.mma_async, each MMA waiting for the one before,
  * in any function that is called (C7510) and wherever MMAs may be in flight at a branch it
  * cannot prove uniform that reads the accumulators or calls a function (C7518). The op bodies
  * are called functions, so the general kernel's MMAs are serialised (the probe: 675 against
  * 753 TFLOP/s on 8192^3). This variant inlines the compute loop and that one body into the
- * kernel entry, with no other op to dispatch to, and ptxas pipelines the MMAs. It holds the
+ * kernel entry and ptxas pipelines the MMAs. The one other op is the reduce, a called body
+ * on a branch of its own in which no accumulator is live (ptxas still pipelines: the compile
+ * test checks the SASS); it lets a split-K GEMM, and the epilogue its reduce runs, take this
+ * kernel (measured 1.33x faster than the general one on 128 x 4096 x 4096 + bias + gelu,
+ * split in 8). It holds the
  * entry megakernel only; the resident and separate-launch entries are the general kernel's. */
 #ifndef MK_WGMMA_ONLY
 #define MK_WGMMA_ONLY 0

@@ -112,11 +112,11 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
     return -(-boxes // per), per * BOX_ROWS
 
 
-# wgmma tiles split over K only into 8 parts or more: a split adds fp32 partials and a reduce
-# op, and a program with a reduce runs on the general kernel, whose wgmma are serialised
-# (device/pages.cuh, MK_WGMMA_ONLY). Measured on the H200 (bf16, M x 4096 x 4096): M = 512
-# (64 tiles) 121.2 us split in 2 against 79.5 unsplit, M = 384 117.5 / 88.1, M = 256 (32
-# tiles, split in 4) 112.9 / 77.9.
+# wgmma tiles split over K only into 8 parts or more: a split adds fp32 partials (written
+# and read again) and a reduce op. Measured on the H200 (bf16, M x 4096 x 4096, both on the
+# wgmma-only kernel, which runs the reduce too; CUDA events around run()): M = 512 (64
+# tiles) 105.9 us split in 2 against 81.3 unsplit, M = 384 101.4 / 79.6, M = 256 (split in
+# 4) 96.0 / 92.0. With 16 tiles (M = 128) the split in 8 is what puts the SMs to work.
 WGMMA_MIN_SPLITS = 8
 
 

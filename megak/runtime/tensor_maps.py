@@ -62,20 +62,24 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
 def wgmma_only_slots(instrs: np.ndarray, rows: np.ndarray,
                      cols: np.ndarray) -> tuple[frozenset, frozenset] | None:
     """(A slots, B slots) when the kernel variant MK_WGMMA_ONLY (device/pages.cuh) can run
-    every record of `instrs`, else None: each record a GEMM flagged MK_FLAG_WGMMA with at most a
-    bias for epilogue, whose k range ends on a k-block boundary or at A's and B's ends (the
-    TMA path's record-only conditions, mk_gemm_wgmma_tma_ok). `rows`, `cols`: each tensor
-    slot's shape. A table then qualifies when `maps_cover` says its maps are there."""
-    if len(instrs) == 0:
+    every record of `instrs`, else None: at least one GEMM, each GEMM record flagged
+    MK_FLAG_WGMMA with at most a bias for epilogue, whose k range ends on a k-block boundary
+    or at A's and B's ends (the TMA path's record-only conditions, mk_gemm_wgmma_tma_ok); the
+    other records split-K reduces (any epilogue: theirs runs in the reduce body). `rows`,
+    `cols`: each tensor slot's shape. A table then qualifies when `maps_cover` says its maps
+    are there."""
+    opcode = instrs["opcode"]
+    gemms = instrs[opcode == abi.OPCODE_OF["gemm"]]
+    if len(gemms) == 0 or len(gemms) + int((opcode == abi.OPCODE_OF["reduce"]).sum()) \
+            != len(instrs):
         return None
-    flags = instrs["flags"].astype(np.int64)
-    if not ((instrs["opcode"] == abi.OPCODE_OF["gemm"]).all()
-            and ((flags & abi.FLAG_WGMMA) != 0).all()
+    flags = gemms["flags"].astype(np.int64)
+    if not (((flags & abi.FLAG_WGMMA) != 0).all()
             and ((flags & (abi.FLAG_ACT_MASK | abi.FLAG_RESIDUAL)) == 0).all()):
         return None
-    a, b = instrs["tensor"][:, abi.ARG_A], instrs["tensor"][:, abi.ARG_B]
-    end = instrs["k0"].astype(np.int64) + instrs["klen"]
-    if not ((instrs["klen"] % WGMMA_BK == 0) | ((end == cols[a]) & (end == rows[b]))).all():
+    a, b = gemms["tensor"][:, abi.ARG_A], gemms["tensor"][:, abi.ARG_B]
+    end = gemms["k0"].astype(np.int64) + gemms["klen"]
+    if not ((gemms["klen"] % WGMMA_BK == 0) | ((end == cols[a]) & (end == rows[b]))).all():
         return None
     return frozenset(a.tolist()), frozenset(b.tolist())
 

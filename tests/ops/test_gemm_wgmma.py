@@ -201,6 +201,27 @@ def test_wgmma_only_kernel_not_taken(rng):
 
 
 @pytest.mark.gpu
+def test_wgmma_only_kernel_runs_split_k(rng):
+    """A split-K wgmma GEMM (fp32 partials from wgmma tiles, then reduces that sum them and
+    run the epilogue) takes the MK_WGMMA_ONLY kernel whatever its epilogue: 12 random
+    programs of 1 or 2 output tiles on 16 SMs (split in 8 or more, a K tail in the last
+    part), 3 runs each on fresh inputs, every output against float64. The chained ring
+    stands still across the reduces between an SM's tiles."""
+    for i in range(12):
+        m, n = int(rng.integers(1, 257)), int(rng.integers(1, 257))
+        k = int(rng.integers(1024, 3000))
+        epi = EPILOGUES[i % len(EPILOGUES)]
+        g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=("bfloat16", "float32")[i % 2],
+                           **epi)
+        with megak.compile(g, backend="cuda", n_sm=16) as prog:
+            ops = prog.stats["instructions_per_opcode"]
+            assert ops.get("reduce", 0) > 0 and ops["gemm"] >= 8, (i, m, k, n, ops)
+            for run in range(3):
+                check_graph(prog, g, rng, f"split {i} ({m}x{k}x{n}, {epi}) run {run}")
+                assert prog._executor.last_variant == "wgmma_only", (i, m, k, n, epi)
+
+
+@pytest.mark.gpu
 def test_wgmma_only_chained_ring_stress(rng):
     """The MK_WGMMA_ONLY kernel's one ring across a queue (device/pages.cuh): 16 random
     programs of one or two chained GEMMs (the second reads the first's output through TMA),
@@ -208,7 +229,7 @@ def test_wgmma_only_chained_ring_stress(rng):
     each other in one ring, K from 1 to 700 (1 to 11 stages per tile, K tails), 3 runs each on
     fresh inputs, every output against float64."""
     for i in range(16):
-        # M > 128: at least 2 tiles, never split over K on 2 SMs (a split adds a reduce)
+        # M > 128: at least 2 tiles, never split over K on 2 SMs (only GEMM tiles here)
         m, k, n = int(rng.integers(129, 600)), int(rng.integers(1, 700)), int(rng.integers(8, 700))
         g = megak.Graph()
         kw = {"bias": g.input("bias", (n,), "bfloat16")} if i % 2 else {}

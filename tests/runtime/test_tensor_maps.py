@@ -186,7 +186,8 @@ def test_map_boxes():
 
 def test_wgmma_only_slots_and_maps_cover():
     """Which programs the MK_WGMMA_ONLY kernel runs (every record a wgmma tile with at most a
-    bias, a k range on block boundaries or to the operands' ends), and which tables."""
+    bias, a k range on block boundaries or to the operands' ends, or a split-K reduce), and
+    which tables."""
     W, R = abi.FLAG_WGMMA, abi.FLAG_B_READY
     rows = np.array([0, 0, 300, 0, 0, 300], dtype=np.int64)   # slot 2: A (M x K), 5: B (K x N)
     cols = np.array([0, 0, 300, 0, 0, 90], dtype=np.int64)
@@ -207,6 +208,12 @@ def test_wgmma_only_slots_and_maps_cover():
     assert tensor_maps.wgmma_only_slots(rec(("gemm", W, 5, 2), klen=(300,)), rows, cols) \
         == ({2}, {5})                                                # a tail at A's, B's end
     assert tensor_maps.wgmma_only_slots(abi.empty_instrs(0), rows, cols) is None
+    # split-K: tiles and the reduces of their partials (whatever the reduce's epilogue), not
+    # reduces alone
+    split = rec(("gemm", W, 5, 2), ("gemm", W, 5, 2), ("reduce", 1 << abi.FLAG_ACT_SHIFT, 0),
+                klen=(128, 128, 2), k0=(0, 128, 300))
+    assert tensor_maps.wgmma_only_slots(split, rows, cols) == ({2}, {5})
+    assert tensor_maps.wgmma_only_slots(rec(("reduce", 0, 0)), rows, cols) is None
     ready = np.zeros(6, dtype=np.uint32)
     ready[[2, 4, 5]] = [128, 64, 64]
     assert tensor_maps.maps_cover(ready, ({2}, {4, 5}))

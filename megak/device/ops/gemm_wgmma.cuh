@@ -89,7 +89,9 @@
  * only after empty[pos % 4] completed phase pos / 4 - 1, whichever record read it. No generic
  * write touches the ring's pages (register epilogues only), so no proxy fence is needed for
  * them; fence.proxy.async still runs at every record's L6, after its dependency wait, for
- * A in global memory.
+ * A in global memory. A split-K reduce between two tiles of the queue (the variant's one
+ * other record) takes no page and no position: the ring stands still across it, its
+ * barriers' phases where the tile before left them.
  * Every wait has a deadline (mk_patience of the params' timeout). A consumer that passes it
  * raises ctl.stream_error (the interpreter stops the block with MK_ERR_TIMEOUT after the
  * op); an issuer that passes one stops (the loader with MK_ERR_TIMEOUT) after waiting,
