@@ -205,10 +205,11 @@ def test_wgmma_only_kernel_runs_split_k(rng):
     """A split-K wgmma GEMM (fp32 partials from wgmma tiles, then reduces that sum them and
     run the epilogue) takes the MK_WGMMA_ONLY kernel whatever its epilogue: 12 random
     programs of 1 or 2 output tiles on 16 SMs (split in 8 or more, a K tail in the last
-    part), 3 runs each on fresh inputs, every output against float64. The chained ring
-    stands still across the reduces between an SM's tiles."""
+    part; M > 64, which would stream B instead), 3 runs each on fresh inputs, every output
+    against float64. The chained ring stands still across the reduces between an SM's
+    tiles."""
     for i in range(12):
-        m, n = int(rng.integers(1, 257)), int(rng.integers(1, 257))
+        m, n = int(rng.integers(gemm.STREAM_M + 1, 257)), int(rng.integers(1, 257))
         k = int(rng.integers(1024, 3000))
         epi = EPILOGUES[i % len(EPILOGUES)]
         g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=("bfloat16", "float32")[i % 2],
