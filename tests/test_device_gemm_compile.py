@@ -314,16 +314,21 @@ def test_bf16_tile_model(m, k, n, row0, col0, rows, cols, k0, klen):
 
 # ---- the MK_WGMMA_ONLY kernel (device/pages.cuh): the wgmma body inlined, MMAs pipelined ----
 
-@pytest.fixture(scope="module")
-def wgmma_only(cache_dir):
-    return compiler.compile_megakernel(ARCH, defines={"MK_WGMMA_ONLY": 1}, cache_dir=cache_dir)
+@pytest.fixture(scope="module", params=[1, 2], ids=["n256", "n128"])
+def wgmma_only(request, cache_dir):
+    build = compiler.compile_megakernel(ARCH, defines={"MK_WGMMA_ONLY": request.param},
+                                        cache_dir=cache_dir)
+    return build, {1: "64x256", 2: "64x128"}[request.param]
 
 
 def test_wgmma_only_kernel_pipelines_its_mmas(wgmma_only, tmp_path):
-    """ptxas reports no serialised wgmma (C7510 call boundary, C7511 registers, C7518 a
-    divergent wait) though the kernel also calls the reduce body, nothing spills, and in the SASS the k loop's four n256 MMAs go out back
-    to back: only the last of a stage carries the group's scoreboard and one wait
-    (DEPBAR.LE gsb0, 0x1) follows them, not one wait per MMA as in the general kernel."""
+    """Both builds (MK_WGMMA_ONLY=1: n256 MMAs, 2: the narrow tiles' n128): ptxas reports no
+    serialised wgmma (C7510 call boundary, C7511 registers, C7518 a divergent wait) though
+    the kernel also calls the reduce body, nothing spills, and in the SASS the k loop's four
+    MMAs of the build's one shape go out back to back: only the last of a stage carries the
+    group's scoreboard and one wait (DEPBAR.LE gsb0, 0x1) follows them, not one wait per MMA
+    as in the general kernel."""
+    wgmma_only, shape = wgmma_only
     assert "serialized" not in wgmma_only.log, [
         line for line in wgmma_only.log.splitlines() if "serialized" in line]
     info = compiler.parse_ptxas_log(wgmma_only.log, "megakernel")
@@ -339,7 +344,7 @@ def test_wgmma_only_kernel_pipelines_its_mmas(wgmma_only, tmp_path):
     assert [f for f in funcs if "mk_reduce_body" in f.split(",")[0]], [
         f.split(",")[0] for f in funcs]
     mmas = re.findall(r"HGMMA\.(\d+x\d+)x16\.F32\.BF16[^;]*;", entry[0])
-    assert mmas and set(mmas) == {"64x256"}, mmas   # the n256 loop only
+    assert mmas and set(mmas) == {shape}, mmas      # the build's one k loop
     code = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", entry[0])]
     at = [i for i, c in enumerate(code) if c.startswith("HGMMA")]
     assert len(at) == 4, at                          # one stage of 4 k16 steps, in a loop

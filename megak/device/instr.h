@@ -92,6 +92,8 @@ enum mk_op_shapes {
      * x 64 columns), filled by TMA and read by wgmma */
     MK_WGMMA_TILE_M = 128,
     MK_WGMMA_TILE_N = 256,
+    MK_WGMMA_NARROW_N = 128,   /* columns of a narrow wgmma tile (the lowering's choice for
+                                  GEMMs of few tiles; MK_WGMMA_ONLY=2 builds run them) */
     MK_WGMMA_BK = 64,
     MK_WGMMA_STAGES = 4,
     MK_WGMMA_PAGES = 3 * MK_WGMMA_STAGES,

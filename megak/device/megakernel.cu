@@ -179,7 +179,8 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
      * split-K reduces (their body is a call on its own branch, with no accumulator live) */
     if (in.opcode != MK_OP_REDUCE &&
         (in.opcode != MK_OP_GEMM || (in.flags & MK_FLAG_WGMMA) == 0u ||
-         (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u || in.pages != MK_WGMMA_PAGES))
+         (in.flags & (MK_FLAG_ACT_MASK | MK_FLAG_RESIDUAL)) != 0u || in.pages != MK_WGMMA_PAGES ||
+         (MK_WGMMA_NARROW && in.cols > MK_WGMMA_NARROW_N)))
         return MK_ERR_BAD_OPCODE;
 #endif
     if (in.pages > p.n_pages - p.stream_pages) {   /* the ring's pages are not the allocator's */

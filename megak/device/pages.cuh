@@ -48,6 +48,11 @@ typedef unsigned char mk_u8;
 #ifndef MK_WGMMA_ONLY
 #define MK_WGMMA_ONLY 0
 #endif
+/* MK_WGMMA_ONLY=2: the same variant for programs whose every tile is at most MK_WGMMA_NARROW_N
+ * (128) columns wide: per k16 step one m64n128k16 on the stage's first B page, whose two
+ * boxes are all the loader copies; 64 accumulators per thread. The n256 loop would spend half
+ * its tensor time on columns such a tile does not have. */
+#define MK_WGMMA_NARROW (MK_WGMMA_ONLY == 2)
 
 /* Base of the block's dynamic shared memory: the control area, then the pages. 16-B alignment
  * is what cp.async of records needs; pages are aligned by hand (mk_page_array). */

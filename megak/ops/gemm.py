@@ -46,6 +46,7 @@ RING_BOXES = ring_pages(DEFAULT_PAGES, STREAM_PAGES)
 
 WGMMA_TILE_M = SHAPES["MK_WGMMA_TILE_M"]
 WGMMA_TILE_N = SHAPES["MK_WGMMA_TILE_N"]
+WGMMA_NARROW_N = SHAPES["MK_WGMMA_NARROW_N"]
 WGMMA_PAGES = SHAPES["MK_WGMMA_PAGES"]
 
 MAX_SPLITS = 16          # split-K: at most this many partial products per output tile
@@ -128,7 +129,20 @@ def uses_wgmma(dtype: str, n_pages: int) -> bool:
 
 def tile_shape(attrs: dict) -> tuple[int, int]:
     """(rows, cols) of a tiled unit's output tiles."""
-    return (WGMMA_TILE_M, WGMMA_TILE_N) if attrs.get("wgmma") else (TILE_M, TILE_N)
+    if attrs.get("wgmma"):
+        return WGMMA_TILE_M, WGMMA_NARROW_N if attrs.get("narrow") else WGMMA_TILE_N
+    return TILE_M, TILE_N
+
+
+def narrow_wgmma(m: int, n: int, n_sm: int) -> bool:
+    """Whether an unsplit wgmma GEMM takes 128 x 128 tiles instead of 128 x 256: when its wide
+    tiles leave SMs idle and the narrow ones still fit one wave. A batch-512 layer (512 x 4096
+    x 4096) has 64 wide tiles for 132 SMs, 128 narrow ones. A program whose every wgmma tile is
+    at most 128 columns wide runs the narrow build of the wgmma-only kernel (MK_WGMMA_ONLY=2:
+    n128 MMAs, half the tensor time per k step of the n256 ones)."""
+    rows = -(-m // WGMMA_TILE_M)
+    wide, narrow = rows * -(-n // WGMMA_TILE_N), rows * -(-n // WGMMA_NARROW_N)
+    return wide < narrow <= n_sm
 
 
 def _tile_pages_and_flag(attrs: dict, dtype: str) -> tuple[int, int]:
@@ -189,8 +203,10 @@ class Gemm(OpDef):
             # wgmma tiles in grouped order (lower), in groups fitted to the SMs: 8192^3 bf16
             # +5% in the probe. The fp32 tiles (CUDA cores) keep row-major order, where
             # grouped measured 3% slower (39.7 against 41.1 TFLOP/s, H200).
-            group = tile_group(ctx.n_sm, WGMMA_TILE_M, WGMMA_TILE_N)
-            return [unit.with_(attrs=dict(unit.attrs, wgmma=True, group=group))]
+            narrow = narrow_wgmma(a.rows, b.cols, ctx.n_sm)
+            group = tile_group(ctx.n_sm, WGMMA_TILE_M, WGMMA_NARROW_N if narrow else WGMMA_TILE_N)
+            extra = {"narrow": True} if narrow else {}
+            return [unit.with_(attrs=dict(unit.attrs, wgmma=True, group=group, **extra))]
         part = ctx.new_tensor((splits * a.rows, b.cols), "float32",
                               f"t{unit.output.index}_partials")
         return [Unit("gemm", (a, b), part, {"split": splits, "chunk": chunk, "wgmma": wide},

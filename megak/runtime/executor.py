@@ -295,10 +295,10 @@ class CudaExecutor:
         self._host_timeout_s = value
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _variant(self, trace: bool, wgmma_only: bool = False) -> tuple:
+    def _variant(self, trace: bool, wgmma_only: int = 0) -> tuple:
         """(compiled, object code, kernel, kernel info) of the plain, the MK_TRACE=1 or the
-        MK_WGMMA_ONLY=1 build (device/pages.cuh): compiled (cached on disk), loaded and
-        configured once per executor."""
+        MK_WGMMA_ONLY=<wgmma_only> build (device/pages.cuh: 1 n256, 2 n128): compiled (cached
+        on disk), loaded and configured once per executor."""
         key = (trace, wgmma_only)
         if key not in self._variants:
             from cuda.core import ObjectCode
@@ -308,7 +308,7 @@ class CudaExecutor:
             if trace:
                 defines["MK_TRACE"] = 1
             if wgmma_only:
-                defines["MK_WGMMA_ONLY"] = 1
+                defines["MK_WGMMA_ONLY"] = wgmma_only
             compiled = compile_megakernel(arch=self.info["arch"], defines=defines or None)
             code = ObjectCode.from_cubin(compiled.cubin)
             kernel = code.get_kernel("megakernel")
@@ -318,8 +318,8 @@ class CudaExecutor:
 
     def _find_wgmma_only(self) -> None:
         """Whether the plan as it is now (tensor_maps.wgmma_only_slots) can run on the
-        MK_WGMMA_ONLY kernel, loaded here if so; which tables can is decided at their first
-        launch (_function_for)."""
+        MK_WGMMA_ONLY kernel, and which build (wgmma_only_n: the MMAs' n, 256 or 128), loaded
+        here if so; which tables can is decided at their first launch (_function_for)."""
         n = max(self._n_tensors, 1)
         rows, cols = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         for t in self.plan.tensors:
@@ -328,8 +328,11 @@ class CudaExecutor:
         self._own_wgmma_only = None
         for b in self._bindings.values():
             b.wgmma_only = None
+        self._wgmma_function = self.wgmma_only_n = None
         if self._wgmma_slots is not None:
-            self._variant(trace=False, wgmma_only=True)
+            build = tensor_maps.wgmma_only_build(self.plan.instrs)
+            self._wgmma_function = self._variant(False, build)[3]["function"]
+            self.wgmma_only_n = 128 if build == 2 else 256
 
     def _function_for(self, binding: "_Binding | None", trace: bool):
         """The kernel a launch with this table runs: the MK_WGMMA_ONLY one where the plan and
@@ -573,10 +576,9 @@ class CudaExecutor:
                                            state, state + 8)
         self._argv_addr = ctypes.addressof(self._argv)
         self._function = self._variant(False)[3]["function"]
-        self._wgmma_function = (self._variant(False, True)[3]["function"]
-                                if self._wgmma_slots is not None else None)
         self.last_variant = None   # the kernel of the last launch: "general", "trace" or
-                                   # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY)
+                                   # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY; its
+                                   # build's MMA n in wgmma_only_n)
         self._launch_kernel = _bindings().cuLaunchCooperativeKernel
         self.last_binding = None
 
@@ -610,8 +612,6 @@ class CudaExecutor:
             self._write_queues()
             self._write_params()
             self._find_wgmma_only()
-            self._wgmma_function = (self._variant(False, True)[3]["function"]
-                                    if self._wgmma_slots is not None else None)
             self._wait_stream("uploading the queues")
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],

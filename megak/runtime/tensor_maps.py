@@ -39,6 +39,7 @@ Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, b
 STREAM_BOX_ROWS = abi.OP_SHAPES["MK_STREAM_BOX_ROWS"]
 WGMMA_B_BOX_ROWS = abi.OP_SHAPES["MK_WGMMA_B_BOX_ROWS"]
 WGMMA_BK = abi.OP_SHAPES["MK_WGMMA_BK"]
+WGMMA_NARROW_N = abi.OP_SHAPES["MK_WGMMA_NARROW_N"]
 
 
 def map_boxes(instrs: np.ndarray) -> dict[int, int]:
@@ -82,6 +83,13 @@ def wgmma_only_slots(instrs: np.ndarray, rows: np.ndarray,
     if not ((gemms["klen"] % WGMMA_BK == 0) | ((end == cols[a]) & (end == rows[b]))).all():
         return None
     return frozenset(a.tolist()), frozenset(b.tolist())
+
+
+def wgmma_only_build(instrs: np.ndarray) -> int:
+    """The MK_WGMMA_ONLY build for a program `wgmma_only_slots` accepts: 2 (the n128 MMAs)
+    when every GEMM tile is at most WGMMA_NARROW_N columns wide, else 1 (n256)."""
+    gemms = instrs[instrs["opcode"] == abi.OPCODE_OF["gemm"]]
+    return 2 if (gemms["cols"] <= WGMMA_NARROW_N).all() else 1
 
 
 def maps_cover(ready: np.ndarray, slots: tuple[frozenset, frozenset]) -> bool:

@@ -13,6 +13,7 @@ import pytest
 import megak
 from megak import abi
 from megak.ops import gemm
+from megak.runtime import tensor_maps
 from tests.ops.test_gemm import EPILOGUES, epilogue_graph
 from tests.reference import assert_close, check_graph, evaluate, random_inputs
 
@@ -44,10 +45,11 @@ def test_wgmma_matches_float64(backend, rng, m, k, n):
                          ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()) or "plain")
 def test_wgmma_fused_epilogues(backend, rng, epi, out_dtype):
     g = epilogue_graph(200, 96, 300, dtype="bfloat16", out_dtype=out_dtype, **epi)
-    prog = compile_for(g, backend, n_sm=2)   # 2 SMs, 4 tiles: no split, the epilogue fused
+    # no split, the epilogue fused: 4 tiles on 2 SMs (sim), 6 narrow ones on a GPU's SMs
+    prog = compile_for(g, backend, n_sm=2)
     check_graph(prog, g, rng, f"wgmma gemm+{epi} -> {out_dtype}")
     rec = wgmma_records(prog)
-    assert len(rec) == 4
+    assert len(rec) == (6 if gemm.narrow_wgmma(200, 300, prog.plan.n_sm) else 4)
     want = gemm.epilogue_flags(g.ops[0])
     flags = rec["flags"].astype(np.int64) & ~(abi.FLAG_WGMMA | abi.FLAG_B_READY)
     assert (flags == want).all()
@@ -133,21 +135,42 @@ def test_wgmma_tiles_back_to_back(backend, rng, n_sm):
 
 # ---- the MK_WGMMA_ONLY kernel (device/pages.cuh: the body inlined, its MMAs pipelined) -----
 
+def test_narrow_tiles_where_wide_ones_leave_sms_idle():
+    """128 x 128 wgmma tiles when the 128 x 256 ones leave SMs idle and the narrow ones fit
+    one wave; such a program (every tile at most 128 columns) runs the n128 build."""
+    assert gemm.narrow_wgmma(512, 4096, 132)          # 64 wide tiles, 128 narrow
+    assert gemm.narrow_wgmma(256, 4096, 132)
+    assert not gemm.narrow_wgmma(1024, 4096, 132)     # 128 wide tiles: one wave already
+    assert not gemm.narrow_wgmma(640, 4096, 132)      # 160 narrow tiles: two waves
+    assert not gemm.narrow_wgmma(512, 128, 132)       # one column band either way
+    for m, n, narrow in ((512, 4096, True), (4096, 4096, False)):
+        g = epilogue_graph(m, 64, n, dtype="bfloat16")
+        rec = wgmma_records(megak.compile(g, backend="sim", n_sm=132))
+        assert (rec["cols"] == (128 if narrow else 256)).all()
+        assert len(rec) == (m // 128) * (n // (128 if narrow else 256))
+        assert tensor_maps.wgmma_only_build(rec) == (2 if narrow else 1)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,k,n,bias,out_dtype,n_sm", [
-    (128, 64, 256, False, "bfloat16", 132),
-    (300, 200, 520, True, "float32", 3),       # edge tiles, a K tail that ends at A's end
-    (129, 1000, 130, True, "bfloat16", 1),     # back to back on one SM
-    (1024, 640, 1536, False, "bfloat16", 2),
-    (777, 4096, 300, False, "float32", 7)])    # 14 tiles: not split on 7 SMs
-def test_wgmma_only_kernel(rng, m, k, n, bias, out_dtype, n_sm):
-    """A program of wgmma tiles with at most a bias runs on the MK_WGMMA_ONLY kernel, with
-    megak's own tensors and with torch tensors (a caller's table) where TMA can describe
-    them (rows of a multiple of 16 bytes; else the general kernel): every output against
-    float64, outputs poisoned before each run."""
+@pytest.mark.parametrize("m,k,n,bias,out_dtype,n_sm,mma_n", [
+    (128, 64, 256, False, "bfloat16", 132, 128),   # 2 narrow tiles
+    (300, 200, 520, True, "float32", 3, 256),      # edge tiles, a K tail that ends at A's end
+    (129, 1000, 130, True, "bfloat16", 1, 256),    # back to back on one SM
+    (1024, 640, 1536, False, "bfloat16", 2, 256),
+    (777, 4096, 300, False, "float32", 7, 256),    # 14 tiles: not split on 7 SMs
+    (512, 1000, 1000, True, "bfloat16", 132, 128),  # narrow: 32 tiles for 132 SMs
+    (520, 130, 1100, True, "float32", 64, 128),    # narrow edge tiles (8 rows, 76 columns)
+    (200, 300, 100, False, "float32", 1, 128)])    # N <= 128: back to back, n128 build
+def test_wgmma_only_kernel(rng, m, k, n, bias, out_dtype, n_sm, mma_n):
+    """A program of wgmma tiles with at most a bias runs on the MK_WGMMA_ONLY kernel (the n128
+    build when every tile is at most 128 columns wide), with megak's own tensors and with
+    torch tensors (a caller's table) where TMA can describe them (rows of a multiple of 16
+    bytes; else the general kernel): every output against float64, outputs poisoned before
+    each run."""
     torch = pytest.importorskip("torch")
     g = epilogue_graph(m, k, n, dtype="bfloat16", out_dtype=out_dtype, bias=bias)
     with megak.compile(g, backend="cuda", n_sm=n_sm) as prog:
+        assert prog._executor.wgmma_only_n == mma_n
         for run in range(2):
             check_graph(prog, g, rng, f"wgmma-only {m}x{k}x{n} run {run}")
             assert prog._executor.last_variant == "wgmma_only"
@@ -243,6 +266,32 @@ def test_wgmma_only_chained_ring_stress(rng):
         with megak.compile(g, backend="cuda", n_sm=1 + i % 2) as prog:
             for run in range(3):
                 check_graph(prog, g, rng, f"chained {i} ({m}x{k}x{n}) run {run}")
+                assert prog._executor.last_variant == "wgmma_only", (i, m, k, n)
+
+
+@pytest.mark.gpu
+def test_wgmma_only_narrow_stress(rng):
+    """The n128 build of the MK_WGMMA_ONLY kernel (device/pages.cuh, MK_WGMMA_NARROW): 12
+    random programs of one or two chained GEMMs whose every tile is at most 128 columns wide
+    (narrow tiles on many SMs, or N <= 128 on 1 or 2 SMs: tiles back to back in one ring), K
+    from 1 to 700, with or without a bias, 3 runs each on fresh inputs against float64."""
+    for i in range(12):
+        many = i % 3 == 0
+        m, k = int(rng.integers(129, 600)), int(rng.integers(1, 700))
+        n = int(rng.integers(257, 700)) if many else int(rng.integers(1, 129))
+        n_sm = 64 if many else 1 + i % 2
+        g = megak.Graph()
+        kw = {"bias": g.input("bias", (n,), "bfloat16")} if i % 2 else {}
+        y = g.gemm(g.input("a", (m, k), "bfloat16"), g.input("b", (k, n), "bfloat16"), **kw)
+        if not many and i % 4 < 2:
+            n2 = int(rng.integers(1, 129))
+            g.output(g.gemm(y, g.input("w", (n, n2), "bfloat16"), out_dtype="float32"), "c")
+        else:
+            g.output(y, "c")
+        with megak.compile(g, backend="cuda", n_sm=n_sm) as prog:
+            assert prog._executor.wgmma_only_n == 128, (i, m, k, n, n_sm)
+            for run in range(3):
+                check_graph(prog, g, rng, f"narrow {i} ({m}x{k}x{n}, {n_sm} SMs) run {run}")
                 assert prog._executor.last_variant == "wgmma_only", (i, m, k, n)
 
 

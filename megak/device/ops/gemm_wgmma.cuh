@@ -30,6 +30,10 @@
  * (ANALYSIS.md). The MK_WGMMA_ONLY build (pages.cuh) inlines it into a kernel with no other
  * op, and there the ring is chained across the queue (below).
  *
+ * Narrow tiles (the lowering's 128 x 128, for GEMMs of few tiles, and any tile of <= 128
+ * columns) are the same records; the MK_WGMMA_ONLY=2 build (pages.cuh, MK_WGMMA_NARROW) copies
+ * only B's first two boxes per stage and issues one m64n128k16 per k16 step on page 1.
+ *
  * After the k loop an epilogue of at most a bias stores straight from the accumulators (the
  * pages already handed back); any other goes through the first 8 pages as two 128 x 128
  * fp32 staging tiles (gemm_epilogue.cuh's layout) and the shared epilogue: bias,
@@ -165,11 +169,16 @@ __device__ __forceinline__ void mk_wgmma_wait()
     asm volatile("wgmma.wait_group.sync.aligned %0;" : : "n"(N) : "memory");
 }
 
+/* Accumulators in use per thread: the narrow build's tiles have columns 0..127 only, in
+ * registers 0..63 (the n128 MMA on the first B page); the others stay 0 and are never stored,
+ * so ptxas keeps no register for them. */
+enum { MK_WGMMA_ACC = MK_WGMMA_NARROW ? 64 : 128 };
+
 /* No read or write of the accumulators moves across this point (the wait names no register). */
 __device__ __forceinline__ void mk_wgmma_pin(float (&d)[128])
 {
 #pragma unroll
-    for (int i = 0; i < 128; ++i)
+    for (int i = 0; i < MK_WGMMA_ACC; ++i)
         asm volatile("" : "+f"(d[i]) : : "memory");
 }
 
@@ -226,7 +235,7 @@ __device__ __forceinline__ void mk_wgmma_tma(mk_u32 dst, const void* map, int c0
 }
 
 /* Stage kb of the tile, ring position pos (kb, or P + kb in the chained ring), into ring slot
- * pos % 4: A's box and B's four. */
+ * pos % 4: A's box and B's four (the narrow build: B's first two, its tiles' 128 columns). */
 __device__ __forceinline__ void mk_wgmma_issue(const mk_instr& in, const unsigned char* maps,
                                             unsigned char* base, const mk_u8* idx, mk_u32 kb,
                                             mk_u32 pos)
@@ -238,10 +247,11 @@ __device__ __forceinline__ void mk_wgmma_issue(const mk_instr& in, const unsigne
     const void* map_b = maps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
     const int k = in.k0 + (int)(kb * MK_WGMMA_BK);
     const mk_u32 a = mk_smem_addr(base + (mk_u32)idx[3 * slot] * (mk_u32)MK_PAGE_BYTES);
-    mk_mbar_expect_tx(bar, MK_WGMMA_STAGE_BYTES);
+    const mk_u32 boxes = MK_WGMMA_NARROW ? 2u : 4u;
+    mk_mbar_expect_tx(bar, (mk_u32)MK_PAGE_BYTES + boxes * (mk_u32)MK_WGMMA_B_BOX_BYTES);
     mk_wgmma_tma(a, map_a, k, in.row0, bar);
 #pragma unroll
-    for (mk_u32 j = 0; j < 4; ++j) {
+    for (mk_u32 j = 0; j < boxes; ++j) {
         const mk_u32 b = mk_smem_addr(base + (mk_u32)idx[3 * slot + 1 + j / 2] * (mk_u32)MK_PAGE_BYTES)
                          + (j & 1u) * (mk_u32)MK_WGMMA_B_BOX_BYTES;
         mk_wgmma_tma(b, map_b, in.col0 + (int)(j * MK_STREAM_BOX_COLS), k, bar);
@@ -387,7 +397,9 @@ __device__ __forceinline__ bool mk_wgmma_k_loop(const mk_instr& in, const mk_pag
         mk_wgmma_fence();
 #pragma unroll
         for (mk_u32 kk = 0; kk < 4; ++kk) {   /* +1 in a descriptor = +16 B of start address */
-            if (N256) {
+            if (MK_WGMMA_NARROW) {
+                mk_wgmma_m64n128k16<0>(d, da + 2u * kk, db0 + 128u * kk, (kb | kk) != 0u);
+            } else if (N256) {
                 mk_wgmma_m64n256k16(d, da + 2u * kk, db0 + 128u * kk, (kb | kk) != 0u);
             } else {
                 mk_wgmma_m64n128k16<0>(d, da + 2u * kk, db0 + 128u * kk, (kb | kk) != 0u);
@@ -560,7 +572,7 @@ __device__ __forceinline__ void mk_wgmma_store_registers(const mk_instr& in, con
     const mk_u64 o_lo = (mk_u64)(in.out_row0 + r_lo) * TO.ld + in.col0;
     const mk_u64 o_hi = o_lo + 8u * (mk_u64)TO.ld;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
+    for (int j = 0; j < MK_WGMMA_ACC / 4; ++j) {
         const int c = 8 * j + c_in, n = in.cols - c;   /* valid columns of this pair */
         float b0 = 0.f, b1 = 0.f;
         if (has_bias && n >= 1) {
