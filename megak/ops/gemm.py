@@ -139,7 +139,8 @@ def narrow_wgmma(m: int, n: int, n_sm: int) -> bool:
     tiles leave SMs idle and the narrow ones still fit one wave. A batch-512 layer (512 x 4096
     x 4096) has 64 wide tiles for 132 SMs, 128 narrow ones. A program whose every wgmma tile is
     at most 128 columns wide runs the narrow build of the wgmma-only kernel (MK_WGMMA_ONLY=2:
-    n128 MMAs, half the tensor time per k step of the n256 ones)."""
+    n128 MMAs, half the tensor time per k step of the n256 ones). Gemm.expand asks only for
+    GEMMs with at most a bias, the epilogue that build runs."""
     rows = -(-m // WGMMA_TILE_M)
     wide, narrow = rows * -(-n // WGMMA_TILE_N), rows * -(-n // WGMMA_NARROW_N)
     return wide < narrow <= n_sm
@@ -203,7 +204,10 @@ class Gemm(OpDef):
             # wgmma tiles in grouped order (lower), in groups fitted to the SMs: 8192^3 bf16
             # +5% in the probe. The fp32 tiles (CUDA cores) keep row-major order, where
             # grouped measured 3% slower (39.7 against 41.1 TFLOP/s, H200).
-            narrow = narrow_wgmma(a.rows, b.cols, ctx.n_sm)
+            # only where the n128 build can run them: with an activation or a residual the
+            # general kernel runs a narrow tile at a wide one's MMA cost (its n256 loop)
+            narrow = (not unit.attrs.get("activation") and not unit.attrs.get("residual")
+                      and narrow_wgmma(a.rows, b.cols, ctx.n_sm))
             group = tile_group(ctx.n_sm, WGMMA_TILE_M, WGMMA_NARROW_N if narrow else WGMMA_TILE_N)
             extra = {"narrow": True} if narrow else {}
             return [unit.with_(attrs=dict(unit.attrs, wgmma=True, group=group, **extra))]
