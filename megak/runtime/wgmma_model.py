@@ -44,9 +44,11 @@ across instructions: instruction t's k-block kb is position P_t + kb (P_t: the s
 instructions before it), in slot pos % 4, full phase pos / 4; the loader hands the slot over
 first and then issues every stage of t, position pos >= 4 once empty[pos % 4] completed phase
 pos / 4 - 1, so t's first stages are in flight while t - 1 still computes; the warps arrive
-on empty for every stage, the last of each instruction included. Its misuses: the parity
-taken from kb instead of the position, the last stage of an instruction never released, and
-the barriers initialised again for each instruction.
+on empty for every stage, the last of each instruction included. An instruction of no
+stages (nk = 0: a split-K reduce between two tiles, or a tile of K = 0) takes no position:
+the ring stands still across it. Its misuses: the parity taken from kb instead of the
+position, the last stage of an instruction never released, the barriers initialised again
+for each instruction, and an instruction of no stages counted as a position by the loader.
 """
 from __future__ import annotations
 
@@ -83,6 +85,8 @@ class Misuse:
     parity_from_kb: bool = False     # chained: parities from kb, not from the ring position
     keep_last: bool = False          # chained: the last stage of an instruction never released
     init_each: bool = False          # chained: barriers initialised again per instruction
+    advance_idle: bool = False       # chained: the loader counts an instruction of no stages
+    #                                  (a reduce) as one ring position
 
 
 class Barrier:
@@ -193,6 +197,7 @@ class WgmmaModel:
                 yield None
 
     def _chained_loader(self):
+        skew = 0   # positions the loader counted that the warps did not (advance_idle)
         for t, nk in enumerate(self.nk):
             if t == 0 or self.misuse.init_each:
                 if t == 0:
@@ -201,8 +206,10 @@ class WgmmaModel:
                 yield None
             self.handed = t                          # L7, then L8 issues every stage
             yield None
+            if nk == 0 and self.misuse.advance_idle:
+                skew += 1
             for kb in range(nk):
-                pos = self.first_pos[t] + kb
+                pos = self.first_pos[t] + kb + skew
                 s, parity = pos % STAGES, (pos // STAGES - 1) & 1
                 while pos >= STAGES and not (self.misuse.refill_early
                                              or self.empty[s].done(parity)):

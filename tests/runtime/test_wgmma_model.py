@@ -42,12 +42,13 @@ def test_misuse_is_caught(misuse, rule):
 
 
 def test_misuse_defaults_are_the_protocol():
-    assert Misuse() == Misuse(False, False, False, False, False, 8, False, False, False)
+    assert Misuse() == Misuse(False, False, False, False, False, 8, False, False, False, False)
 
 
 # -- chained: one ring for the whole queue (the MK_WGMMA_ONLY kernel) --------------------------
 
-CHAINED = QUEUES + [[0, 3, 0, 5], [1, 1, 1, 1, 1, 1, 1]]
+# instructions of no stages (0): split-K reduces between tiles (or tiles of K = 0)
+CHAINED = QUEUES + [[0, 3, 0, 5], [1, 1, 1, 1, 1, 1, 1], [4, 0, 0, 7, 0, 2, 0]]
 
 
 @pytest.mark.parametrize("nk", CHAINED, ids=lambda q: "-".join(map(str, q)))
@@ -83,9 +84,12 @@ def test_chained_ring_runs_ahead_across_instructions():
     (Misuse(keep_last=True), 5),          # the next instruction's refill waits forever
     (Misuse(init_each=True), 2),          # barriers initialised under copies in flight
     (Misuse(empty_count=7), 1),
-], ids=["refill_early", "parity_from_kb", "keep_last", "init_each", "empty_count_7"])
+    (Misuse(advance_idle=True), 5),       # a reduce moves the loader's ring: a warp waits
+    #                                       on a slot its stage never lands in
+], ids=["refill_early", "parity_from_kb", "keep_last", "init_each", "empty_count_7",
+        "advance_idle"])
 def test_chained_misuse_is_caught(misuse, rule):
-    rules = caught(misuse, nk=(3, 9, 6, 5, 2), chained=True)
+    rules = caught(misuse, nk=(3, 9, 0, 6, 5, 0, 2), chained=True)
     assert rules, f"{misuse} was never caught"
     if rule is not None:
         assert rule in rules, (misuse, rules)
