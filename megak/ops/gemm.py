@@ -201,13 +201,13 @@ class Gemm(OpDef):
         if splits == 1:
             if not wide:
                 return [unit]
+            # narrow tiles only where the n128 build can run them: with an activation or a
+            # residual the general kernel runs a narrow tile at a wide one's MMA cost
+            narrow = (not unit.attrs.get("activation") and not unit.attrs.get("residual")
+                      and narrow_wgmma(a.rows, b.cols, ctx.n_sm))
             # wgmma tiles in grouped order (lower), in groups fitted to the SMs: 8192^3 bf16
             # +5% in the probe. The fp32 tiles (CUDA cores) keep row-major order, where
             # grouped measured 3% slower (39.7 against 41.1 TFLOP/s, H200).
-            # only where the n128 build can run them: with an activation or a residual the
-            # general kernel runs a narrow tile at a wide one's MMA cost (its n256 loop)
-            narrow = (not unit.attrs.get("activation") and not unit.attrs.get("residual")
-                      and narrow_wgmma(a.rows, b.cols, ctx.n_sm))
             group = tile_group(ctx.n_sm, WGMMA_TILE_M, WGMMA_NARROW_N if narrow else WGMMA_TILE_N)
             extra = {"narrow": True} if narrow else {}
             return [unit.with_(attrs=dict(unit.attrs, wgmma=True, group=group, **extra))]

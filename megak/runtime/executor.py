@@ -245,8 +245,9 @@ class CudaExecutor:
                 f"i.e. {pages.pages_for(info['smem_optin'])} pages of {pages.PAGE_BYTES} B")
 
         # -- compile and load (the traced variant only when a traced run asks for it) -----------
-        # (trace, wgmma_only) -> (compiled, object code, kernel, info)
-        self._variants: dict[tuple[bool, bool], tuple] = {}
+        # (trace, MK_WGMMA_ONLY build: 0 none, 1 n256, 2 n128) -> (compiled, object code,
+        # kernel, info)
+        self._variants: dict[tuple[bool, int], tuple] = {}
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
         self._wgmma_slots = None   # set with the tables (_upload_tables)
         self._own_wgmma_only = None
