@@ -326,14 +326,19 @@ typedef struct mk_host_view {
  * modelled in megak/runtime/resident_model.py. */
 enum mk_resident_limits {
     MK_RING_SLOTS = 64,        /* requests the host may have posted and not yet seen taken */
-    MK_MIRROR_SLOTS = 8,       /* requests block 0 republishes in device memory */
+    MK_MIRROR_SLOTS = 8,       /* requests the relay republishes in device memory */
     MK_RESIDENT_CLOSED = 1,    /* exit reasons (mk_resident_view.reason) */
     MK_RESIDENT_IDLE = 2,
     MK_RESIDENT_FAILED = 3,
-    MK_RESIDENT_LOST = 4       /* a request did not end within the relay's deadline */
+    MK_RESIDENT_LOST = 4,      /* a request did not end within the relay's deadline */
+    MK_REQUEST_TAG_SHIFT = 48  /* where the ring's address words carry s & 0xffff (below) */
 };
 
-/* One request: an invocation of a program (its params block) on a tensor table. */
+/* One request: an invocation of a program (its params block) on a tensor table. In the
+ * host's ring each 8-byte word names the request it belongs to, so that the relay can read
+ * all three in one round trip and know that they belong together (megakernel.cu, mk_relay):
+ * params and tensors carry s & 0xffff in their top 16 bits (device addresses stay below
+ * 2^48), and (ticket, seq) is one word. The mirror holds the plain values. */
 typedef struct mk_request {
     mk_u64 params;        /* the program's mk_params (device address); 0: leave */
     mk_u64 tensors;       /* the tensor table of this request */
@@ -343,14 +348,15 @@ typedef struct mk_request {
 
 /* Device memory of a resident kernel; the host writes it before each launch. */
 typedef struct mk_resident_state {
-    mk_u32 go;            /* block 0's relay: the newest request published in mirror[] */
-    mk_u32 closed;        /* the newest request whose invocation is over (its last block) */
-    mk_u32 failed;        /* non-zero: request `closed` failed, the kernel leaves */
+    mk_u32 go;            /* the relay: the newest request published in mirror[] */
     mk_u32 pad;
+    mk_u64 closed;        /* the newest request whose invocation is over (its last block),
+                             low word; the high word non-zero: it failed (the kernel leaves).
+                             One word, so the relay reads both in one load. */
     mk_request mirror[MK_MIRROR_SLOTS];   /* request s in mirror[s % MK_MIRROR_SLOTS] */
 } mk_resident_state;
 
-/* Mapped pinned host memory, written by block 0's relay: what the host needs to reuse ring
+/* Mapped pinned host memory, written by the relay: what the host needs to reuse ring
  * slots and to know that the kernel has left (and from which request a new launch starts). */
 typedef struct mk_resident_view {
     mk_u32 taken;         /* the newest request taken from the ring */

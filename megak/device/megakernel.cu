@@ -848,10 +848,8 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resid
     *done = newest;
     __threadfence_system();
     hv->ticket_done = newest;
-    if (res != nullptr) {
-        reinterpret_cast<volatile mk_resident_state*>(res)->failed = error != MK_OK;
-        mk_st_release(&res->closed, request);
-    }
+    if (res != nullptr)
+        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);
 }
 
 /* The roles of a block meet here: warps 0-7, the loader warp and the streamer warp (warps 9
@@ -1007,7 +1005,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  * a program, as megakernel() would run it, in the order the host numbered them.
  *
  *   host        ring[s % MK_RING_SLOTS] = {params, tensors, ticket}, then .seq = s
- *   relay       block 0, warp 9 (mk_relay): takes request s from the ring once
+ *   relay       the last block, warp 9 (mk_relay): takes request s from the ring once
  *               request s - 1 is closed, republishes it in device memory (mirror, go = s)
  *   every block thread 0 waits for go to reach s, reads the mirror (mk_take_request);
  *               the block runs the invocation if it is active in it, else skips it
@@ -1020,8 +1018,14 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  * poller and an L2 hop, 4.7 us.
  *
  * Ordering:
- *   - host -> relay: the host writes an entry's fields, then its seq (x86 stores are seen in
- *     order); the relay's ld.acquire.sys of seq orders its reads of the fields after it.
+ *   - host -> relay: the host writes an entry's three words, (ticket, seq) last, each tagged
+ *     with its request (instr.h, mk_request). The relay loads all three in one round
+ *     trip, in no guaranteed order, and takes the entry only when every word names request
+ *     s: a word read before the host rewrote it names s - MK_RING_SLOTS (or 0 in a fresh
+ *     ring), so the relay never mixes two requests' words and polls again instead. The load
+ *     of (ticket, seq) is ld.acquire.sys: what the host wrote before posting (the tensor
+ *     table, a program's params) happens before the relay's later reads and, through go,
+ *     the blocks'.
  *   - relay -> blocks: the mirror entry's writes, then st.release go; a block's relaxed poll
  *     of go reaching s, then fence.acquire (which also invalidates its SM's L1: tensor
  *     tables and params the host wrote since are read fresh), then the entry.
@@ -1029,15 +1033,17 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  *     overwrites slot s % MK_MIRROR_SLOTS only once every block's seen has reached
  *     s - MK_MIRROR_SLOTS (relaxed reads, then fence.acquire).
  *   - invocation order: request s - 1's last block closes it (mk_finish_invocation: run
- *     state advanced, status reset, then closed = s - 1 with release); the relay publishes s
- *     only after reading closed == s - 1 (acquire), so every block of s reads the advanced
- *     state. Thread 0 rewrites ctl for s only after request_done of s - 1 (mk_serve).
+ *     state advanced, status reset, then closed = s - 1 with release, in the same 8-byte word
+ *     as whether it failed); the relay publishes s only after reading closed == s - 1
+ *     (relaxed load, then fence.acquire), so every block of s reads the advanced state. Thread 0 rewrites ctl for s only after request_done of s - 1 (mk_serve).
  *   - relay -> host: view.taken = s with st.release.sys after the ring entry's reads, so the
  *     host may then reuse the slot; on leaving, view.next and view.reason, then view.left
  *     (release): a host that sees left knows from which request a new launch starts.
  * megak/runtime/resident_model.py is this protocol in Python; its tests drive it through
  * random interleavings and catch the misuses the rules above exclude. */
 enum { MK_REQUEST_RUN = 1, MK_REQUEST_SKIP = 2, MK_REQUEST_LEAVE = 3, MK_REQUEST_FAILED = 4 };
+static_assert(MK_RING_SLOTS < (1 << 16), "a ring word's 16-bit tag tells its request from the "
+              "slot's previous one");
 
 /* Thread 0 of every block: wait for request s, read it, and set the block up for it. */
 __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
@@ -1099,7 +1105,10 @@ __device__ __forceinline__ bool mk_all_seen(const mk_u32* seen, mk_u32 grid, mk_
     return ok;
 }
 
-/* Block 0, warp 9: the relay (see above); lane 0 leads, the warp scans seen[]. Leaves after
+/* The last block, warp 9: the relay (see above); lane 0 leads, the warp scans seen[]. It
+ * lives in the last block because block 0 takes part in every invocation and often closes it:
+ * there its polls of the host ring over PCIe stretched the closing fence.sc.sys (1.6 us
+ * against 0.5 in a launched kernel, traced). Leaves after
  * publishing a "leave" entry. */
 __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
 {
@@ -1114,20 +1123,32 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
          * while nothing is running and nothing is asked */
         if (lane == 0) {
             const mk_request* e = reinterpret_cast<const mk_request*>(a.ring) + s % MK_RING_SLOTS;
+            const mk_u64 tag = (mk_u64)(s & 0xffffu) << MK_REQUEST_TAG_SHIFT;
+            const mk_u64 tag_mask = 0xffffull << MK_REQUEST_TAG_SHIFT;
             bool taken = false, closed = false;
             const mk_u64 start = mk_globaltimer();
             mk_u64 idle_since = 0;
             while (!(taken && closed)) {
-                if (!taken && mk_ld_acquire_sys(&e->seq) == s) {
-                    params = mk_ld_relaxed_sys_u64(&e->params);
-                    tensors = mk_ld_relaxed_sys_u64(&e->tensors);
-                    ticket = mk_ld_relaxed_sys(&e->ticket);
-                    taken = true;
+                /* every load of this round in flight together: one PCIe round trip for the
+                 * ring entry (the acquire is last: it orders nothing before it) */
+                const mk_u64 done = closed ? 0ull : mk_ld_relaxed_u64(&res->closed);
+                if (!taken) {
+                    const mk_u64 w0 = mk_ld_relaxed_sys_u64(&e->params);
+                    const mk_u64 w1 = mk_ld_relaxed_sys_u64(&e->tensors);
+                    const mk_u64 w2 = mk_ld_acquire_sys_u64(
+                        reinterpret_cast<const mk_u64*>(&e->ticket));   /* ticket | seq << 32 */
+                    if ((mk_u32)(w2 >> 32) == s && (w0 & tag_mask) == tag &&
+                        (w1 & tag_mask) == tag) {
+                        params = w0 & ~tag_mask;
+                        tensors = w1 & ~tag_mask;
+                        ticket = (mk_u32)w2;
+                        taken = true;
+                    }
                 }
-                if (!closed && mk_ld_relaxed(&res->closed) == s - 1u) {
+                if (!closed && (mk_u32)done == s - 1u) {
                     mk_fence_acquire();
                     closed = true;
-                    if (reinterpret_cast<volatile mk_resident_state*>(res)->failed) {
+                    if ((mk_u32)(done >> 32) != 0u) {
                         reason = MK_RESIDENT_FAILED;
                         break;
                     }
@@ -1257,7 +1278,7 @@ megakernel_resident(const mk_resident_args a)
     __syncthreads();   /* the barriers are initialised before anyone waits on them */
     if (warp >= MK_THREADS / 32) {
         MK_LOADER_SETMAXNREG();
-        if (blockIdx.x == 0 && warp == MK_THREADS / 32 + 1)
+        if (blockIdx.x == gridDim.x - 1 && warp == MK_THREADS / 32 + 1)
             mk_relay(a, lane);
         if (warp == MK_LOADER_WARP)
             mk_serve<MK_ROLE_LOADER>(a, tid, lane);

@@ -50,6 +50,18 @@ __device__ __forceinline__ void mk_st_release(mk_u32* p, mk_u32 v)
     asm volatile("st.release.gpu.global.u32 [%0], %1;" : : "l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ mk_u64 mk_ld_relaxed_u64(const mk_u64* p)
+{
+    mk_u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void mk_st_release_u64(mk_u64* p, mk_u64 v)
+{
+    asm volatile("st.release.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
 __device__ __forceinline__ void mk_fence_acq_rel()
 {
     asm volatile("fence.acq_rel.gpu;" : : : "memory");
@@ -86,15 +98,9 @@ __device__ __forceinline__ void mk_red_relaxed_add(mk_u32* p, mk_u32 v)
 
 /* ---- mapped pinned host memory (system scope): the resident kernel's request ring ------ */
 
-/* A read of host memory the host writes (x86 stores reach memory in program order): an
- * acquire at system scope, so the fields read after it are at least as new. */
-__device__ __forceinline__ mk_u32 mk_ld_acquire_sys(const mk_u32* p)
-{
-    mk_u32 v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
+/* Reads of host memory the host writes (x86 stores reach memory in program order): relaxed,
+ * or an acquire at system scope, after which this thread's reads see at least what the host
+ * wrote before the word read. */
 __device__ __forceinline__ mk_u64 mk_ld_relaxed_sys_u64(const mk_u64* p)
 {
     mk_u64 v;
@@ -102,10 +108,10 @@ __device__ __forceinline__ mk_u64 mk_ld_relaxed_sys_u64(const mk_u64* p)
     return v;
 }
 
-__device__ __forceinline__ mk_u32 mk_ld_relaxed_sys(const mk_u32* p)
+__device__ __forceinline__ mk_u64 mk_ld_acquire_sys_u64(const mk_u64* p)
 {
-    mk_u32 v;
-    asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    mk_u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 

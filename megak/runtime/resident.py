@@ -9,7 +9,9 @@ the first request it did not serve, into the resident view.
 
 Host protocol (the device's half, and the ordering argument, are in megakernel.cu):
   - post request s: wait until ring slot s % MK_RING_SLOTS is free (the kernel has taken
-    request s - MK_RING_SLOTS), write params, tensors, ticket, then seq = s last;
+    request s - MK_RING_SLOTS), write params and tensors, each tagged with s & 0xffff in its
+    top 16 bits, then the word (ticket, seq = s) last: the relay takes the entry only when
+    all three words name s;
   - ``kick``: when the current launch has left (view.left == its generation): after an idle
     exit with requests still unserved, launch again from view.next; after a failure, a lost
     request or a close, stop: requests from view.next on never run and say so;
@@ -32,6 +34,7 @@ from . import memory as mem
 from .driver import CudaError, _bindings, check, device_info
 
 RING_SLOTS = abi.RESIDENT["MK_RING_SLOTS"]
+TAG_SHIFT = abi.RESIDENT["MK_REQUEST_TAG_SHIFT"]
 MIRROR_SLOTS = abi.RESIDENT["MK_MIRROR_SLOTS"]
 REASONS = {abi.RESIDENT["MK_RESIDENT_CLOSED"]: "closed",
            abi.RESIDENT["MK_RESIDENT_IDLE"]: "idle",
@@ -92,7 +95,6 @@ class ResidentKernel:
             m.close()
             raise
         self._h = self._stream.handle
-        self._ring32 = memoryview(self._ring_buf.array(np.uint8, (self._ring_buf.nbytes,))).cast("I")
         self._ring64 = memoryview(self._ring_buf.array(np.uint8, (self._ring_buf.nbytes,))).cast("Q")
         self._view = memoryview(self._view_buf.array(np.uint8, (self._view_buf.nbytes,))).cast("I")
         self._args = (ctypes.c_ubyte * abi.RESIDENT_ARGS_DTYPE.itemsize)()
@@ -118,12 +120,16 @@ class ResidentKernel:
                 raise MegakernelHang(f"cuda: the resident kernel took no request for the host "
                                      f"watchdog's limit; {RING_SLOTS} requests are waiting")
             time.sleep(5e-5)
+        if (params | tensors) >> TAG_SHIFT:
+            raise MegakernelError(f"cuda: a device address above 2^{TAG_SHIFT} "
+                                  f"({max(params, tensors):#x}) cannot be posted: the ring "
+                                  f"words carry their request number there")
         slot = s % RING_SLOTS
-        base32, base64 = slot * _REQ_WORDS, slot * _REQ_WORDS // 2
-        self._ring64[base64 + _REQ["params"] // 2] = params
-        self._ring64[base64 + _REQ["tensors"] // 2] = tensors
-        self._ring32[base32 + _REQ["ticket"]] = ticket
-        self._ring32[base32 + _REQ["seq"]] = s          # last: the request is there
+        base64 = slot * _REQ_WORDS // 2
+        tag = (s & 0xFFFF) << TAG_SHIFT                 # each word names its request
+        self._ring64[base64 + _REQ["params"] // 2] = params | tag
+        self._ring64[base64 + _REQ["tensors"] // 2] = tensors | tag
+        self._ring64[base64 + _REQ["ticket"] // 2] = ticket | s << 32   # last: (ticket, seq)
         self.next = (s + 1) & _U32
         self.kick()
         return s

@@ -10,7 +10,8 @@ argument is the same).
 
   host     post request s: wait until ring slot s % ring_slots is free, i.e. the kernel has
            taken request s - ring_slots (view.taken), or, while no launch runs,
-           s - ring_slots < resume; write the entry's params and ticket, then its seq = s.
+           s - ring_slots < resume; write the entry's params word (tagged s), then its
+           (ticket, seq = s) word.
            kick: once view.left == generation the launch is over: resume = view.next, and any
            reason but IDLE stops the host for good (requests from view.next on never run,
            `served` says so). Not stopped, not running and requests waiting (resume != next):
@@ -18,9 +19,13 @@ argument is the same).
            stream a reset of the device state (go = closed = first - 1, failed clear, every
            seen[b] = first - 1, the mirror zeroed), which the stream runs only once every
            actor of the previous launch has ended.
-  relay    block 0, for s = first, first + 1, ...
-           R1  wait until ring seq == s (take params and ticket) and closed == s - 1 (then a
-               set `failed` means FAILED). Steps with request s - 1 closed and request s not
+  relay    the last block, for s = first, first + 1, ...
+           R1  wait until the ring entry is request s, and closed == s - 1 (read in one step
+               with `failed`: one word on the device; set means FAILED). Each round reads the
+               entry's params word, then its (ticket, seq) word: the device's loads are in
+               flight together and may be performed in either order, and this one can pair a
+               stale word with a new one. The entry is taken only when both words name s
+               (the params word's tag). Steps with request s - 1 closed and request s not
                there count toward idle_steps (past it: IDLE); steps waiting for closed count
                toward wait_steps when that is set (past it: LOST). A close request (params
                None) means CLOSED.
@@ -36,8 +41,8 @@ argument is the same).
            b < n_sm and (b == 0 or its queue is non-empty); an active block reads its
            program's epoch, runs its queue (one step per instruction), then exited += 1; the
            last of the program's n_active closes the invocation: epoch + 1 (0 after a
-           failure), exited = 0, ticket_done raised to the ticket; then failed; then
-           closed = s. Inactive blocks skip the request.
+           failure), exited = 0, ticket_done raised to the ticket; then (closed = s,
+           failed) in one write. Inactive blocks skip the request.
   stream   runs the host's launches in order, each after the previous launch's actors ended.
 
 One decider, the relay, turns every reason to stop (close, idle, failure, deadline) into a
@@ -50,8 +55,9 @@ posted, which requests were taken from the ring and closed, where each actor of 
 left) and checks every actor's reads against it. The rules, numbered as
 `ProtocolViolation.rule` reports them:
 
-  1  every block reads, for each s, the request the host posted as s: the relay never
-     rewrites a mirror slot some block has not read, and no block reads a stale entry
+  1  the relay takes, and every block reads, for each s, the request the host posted as s:
+     the relay never pairs words of two requests, never rewrites a mirror slot some block
+     has not read, and no block reads a stale entry
      (the blocks all poll one `go`, so the mirror must hold every request some block has
      yet to read);
   2  an active block starts request s only after request s - 1 closed, so it reads the run
@@ -71,6 +77,8 @@ that the tests can show the checks catch it:
   reuse_mirror_unchecked  the relay rewrites a mirror slot without the seen[] check;
   blocks_decide_idle      each block leaves after its own idle wait for go, not the relay;
   reuse_ring_unchecked    the host rewrites a ring slot without waiting for view.taken;
+  untagged_ring           the relay takes the entry on its seq alone, without the params
+                          word's tag;
   no_relaunch             the host never launches again after the first launch left.
 
 Not modelled: an actor that stops for good (the relay's LOST in R2, for a block that stopped
@@ -212,10 +220,12 @@ def close() -> tuple:
 # -- shared memory ----------------------------------------------------------------------------
 @dataclass
 class Entry:
-    """A ring or mirror slot (mk_request): params None is a leave."""
+    """A ring or mirror slot (mk_request): params None is a leave. In the ring, `tag` is the
+    request number the params word carries (the device's s & 0xffff)."""
     params: Request | None = None
     ticket: int = 0
     seq: int = 0
+    tag: int = 0
 
 
 @dataclass
@@ -347,7 +357,8 @@ class ResidentModel:
                  mirror_slots: int = MIRROR_SLOTS, idle_steps: int = 20,
                  wait_steps: int | None = None, publish_before_close: bool = False,
                  reuse_mirror_unchecked: bool = False, blocks_decide_idle: bool = False,
-                 reuse_ring_unchecked: bool = False, no_relaunch: bool = False):
+                 reuse_ring_unchecked: bool = False, no_relaunch: bool = False,
+                 untagged_ring: bool = False):
         if any(p.n_sm < 1 or p.n_sm > grid for p in programs):
             raise ValueError("every program needs 1..grid blocks")
         self.programs = list(programs)
@@ -359,6 +370,7 @@ class ResidentModel:
         self.blocks_decide_idle = blocks_decide_idle
         self.reuse_ring_unchecked = reuse_ring_unchecked
         self.no_relaunch = no_relaunch
+        self.untagged_ring = untagged_ring
         # shared memory
         self.ring = [Entry() for _ in range(ring_slots)]
         self.view = View()
@@ -443,7 +455,8 @@ class ResidentModel:
         yield from self._sync()
 
     def _post(self, params: Request | None):
-        """ResidentKernel.post: wait for the slot, fields, then seq, then kick."""
+        """ResidentKernel.post: wait for the slot, the params word, then (ticket, seq),
+        then kick."""
         s = self.next
         while not self._slot_free(s):
             changed = self._kick()
@@ -459,9 +472,9 @@ class ResidentModel:
             self._epoch_after[params.program] = 0 if params.fail else self.truth.epoch_before[s] + 1
         self.truth.posted[s] = (params, ticket)
         entry = self.ring[s % self.ring_slots]
-        entry.params, entry.ticket = params, ticket
+        entry.params, entry.tag = params, s
         yield PROGRESS
-        entry.seq = s
+        entry.ticket, entry.seq = ticket, s
         yield PROGRESS
         self.next = s + 1
         self._kick()
@@ -577,12 +590,15 @@ class ResidentModel:
         idle = waited = 0
         while not (taken and closed):
             if not taken:
-                if entry.seq == s:
-                    params, ticket, taken = entry.params, entry.ticket, True
+                word_params, word_tag = entry.params, entry.tag
+                yield f"ring params word of {s}"   # a read: progress only with the entry
+                if entry.seq == s and (word_tag == s or self.untagged_ring):
+                    params, ticket, taken = word_params, entry.ticket, True
+                    self._check_take(s, params, ticket)
                     self.truth.taken.add(s)
                     yield PROGRESS
                 else:
-                    yield f"ring seq == {s}"
+                    yield f"ring entry == {s}"
             if not closed:
                 if self.dev.closed == s - 1:
                     closed, failed = True, self.dev.failed
@@ -602,6 +618,12 @@ class ResidentModel:
                 if idle > self.idle_steps:
                     return None, 0, IDLE
         return params, ticket, None
+
+    def _check_take(self, s: int, params, ticket: int) -> None:
+        """Rule 1 at the ring: the relay takes request s as the host posted it."""
+        posted = self.truth.posted.get(s)
+        _require(posted == (params, ticket), 1,
+                 f"the relay takes request {s} as {(params, ticket)}, posted as {posted}")
 
     def _relay_wait_mirror(self, s: int, safe: int):
         """R2: the new `safe` once mirror slot s % mirror_slots is free."""
@@ -684,9 +706,7 @@ class ResidentModel:
         run.exited = 0
         run.ticket_done = max(run.ticket_done, ticket)
         yield PROGRESS
-        self.dev.failed = params.fail
-        yield PROGRESS
-        self.dev.closed = s
+        self.dev.closed, self.dev.failed = s, params.fail     # one 8-byte word
         self.truth.closed[s] += 1
         yield PROGRESS
 

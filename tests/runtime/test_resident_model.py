@@ -165,6 +165,13 @@ def test_reusing_a_ring_slot_the_relay_has_not_taken_is_caught():
     assert rules_broken(range(30), "reuse_ring_unchecked", ring_slots=2)[4] > 0
 
 
+def test_taking_the_ring_entry_on_its_seq_alone_pairs_two_requests_words():
+    """The relay's loads of one entry may be performed in any order: without the params
+    word's tag it can take a word the host had not yet rewritten (the slot's previous
+    request, or a fresh ring's zeros: a close) with the new seq."""
+    assert rules_broken(range(40), "untagged_ring", ring_slots=2)[1] > 0
+
+
 def test_a_host_that_does_not_relaunch_after_an_idle_exit_loses_requests():
     caught = rules_broken(range(30), "no_relaunch")
     assert caught[5] + caught[3] > 0, caught
