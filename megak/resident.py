@@ -151,7 +151,8 @@ class Resident:
         numpy inputs and outputs go through the program's own device buffers, which the next
         request of the program overwrites: such a request first waits for the program's
         earlier requests that use those buffers (their results are kept for their wait())."""
-        staged = self.backend == "cuda" and _uses_own_buffers(prog, inputs, out)
+        key, call = (None, None) if self.backend != "cuda" else prog._bound_call(inputs, out)
+        staged = call is None and self.backend == "cuda" and _uses_own_buffers(prog, inputs, out)
         if staged:
             self._settle(prog)
         with self._lock:
@@ -166,7 +167,7 @@ class Resident:
                 raise MegakernelError(f"cuda: the resident kernel has stopped "
                                       f"({kernel.stopped[0]}); close it, then run the programs "
                                       f"directly or start a new one")
-            call, params, table, ticket = prog._prepare_request(inputs, out)
+            call, params, table, ticket = prog._prepare_request(inputs, out, (key, call))
             deadline = time.monotonic() + prog._executor.host_timeout_s
             s = kernel.post(params, table, ticket, deadline)
             request = Request(self, prog, call, ticket, s, out, inputs)
@@ -231,6 +232,8 @@ class Resident:
         ex = request._program._executor
         kernel = self._kernel
         ticket, s = request._ticket, request._seq
+        if ex.done_soon(ticket):      # a short request ends here
+            return ex.finish_request(ticket)
 
         def follow() -> None:
             with self._lock:
@@ -293,7 +296,9 @@ class Request:
         except (MegakernelError, MegakernelHang) as exc:
             self._error = exc
             raise
-        self._result = self._program._finish(self._call, host, self._out)
+        results = self._call.results
+        self._result = dict(results) if results is not None and not host else \
+            self._program._finish(self._call, host, self._out)
         self._inputs = None
         return self._result
 

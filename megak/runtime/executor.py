@@ -57,6 +57,7 @@ _STICKY = {
 }
 
 _SPIN_S = 0.010        # poll the stream flat out this long: short runs return at once
+_QUICK_POLLS = 200     # polls of the host view before the clocked spin: ~20-40 us of Python
 _MAX_NAP_S = 0.001     # then back off to at most this between polls
 _ABORT_GRACE_S = 5.0   # after the watchdog raises the abort flag, this long to stop
 
@@ -693,26 +694,40 @@ class CudaExecutor:
         """The call path's fast case: the same caller tensors as an earlier launch (its
         binding, still live), no numpy arrays, no trace: raise a pending error, launch."""
         with self._lock:
-            if self._state["broken"] or self._state["dead"] or self._finalizer is None:
-                self._check_usable()
-            if self._host.error_pending():
-                self._raise_pending()
-            h = self._streams_by_handle.get(stream)
-            if h is None:
-                h = self._stream_handle(stream)
-            if not binding.uploaded:            # first written inside a graph capture
-                self._bindings.pop(binding.key, None)
-                self._bindings[binding.key] = binding
-                mem.htod(binding.table_ptr,
-                         self._binding_host.ptr + binding.index * self._table_bytes,
-                         self._table_bytes, h)
-                binding.uploaded = not self._capturing(h)
-            ticket = self._launch(binding, h, False)
+            ticket, h = self._launch_bound(binding, stream)
             self._stream_of[ticket] = h
             if len(self._stream_of) > 256:
                 for t in [t for t in self._stream_of if self._host.done(t)]:
                     del self._stream_of[t]
             return ticket
+
+    def run_bound(self, binding: _Binding, stream) -> None:
+        """launch_bound and the wait for it in one step (Program.run's fast case): under one
+        lock, with no handle and no record of the launch's stream, since it is waited for
+        here. Raises the run's error, or an earlier one not yet reported."""
+        with self._lock:
+            ticket, h = self._launch_bound(binding, stream)
+            self._wait_ticket(ticket, h, "running the megakernel")
+            self._raise_pending()
+            self.last_status = {"error": abi.ERRORS["MK_OK"], "finished_blocks": self._n_active}
+
+    def _launch_bound(self, binding: _Binding, stream) -> tuple:
+        """(ticket, CUstream) of a launch on a bound table; the caller holds the lock."""
+        if self._state["broken"] or self._state["dead"] or self._finalizer is None:
+            self._check_usable()
+        if self._host.error_pending():
+            self._raise_pending()
+        h = self._streams_by_handle.get(stream)
+        if h is None:
+            h = self._stream_handle(stream)
+        if not binding.uploaded:            # first written inside a graph capture
+            self._bindings.pop(binding.key, None)
+            self._bindings[binding.key] = binding
+            mem.htod(binding.table_ptr,
+                     self._binding_host.ptr + binding.index * self._table_bytes,
+                     self._table_bytes, h)
+            binding.uploaded = not self._capturing(h)
+        return self._launch(binding, h, False), h
 
     # -- requests of a resident kernel (runtime/resident.py) ------------------------------------
     def prepare_request(self, inputs: dict[int, np.ndarray], outputs: list[int], *,
@@ -836,6 +851,16 @@ class CudaExecutor:
     def done(self, ticket: int) -> bool:
         """True once the device has finished ``ticket`` (its results, or its error, are in)."""
         return self._host.done(ticket)
+
+    def done_soon(self, ticket: int) -> bool:
+        """done(), polled _QUICK_POLLS times back to back: no clock read, no closure, so a
+        short run is seen finished at the cost of a few polls (the clocked wait follows when
+        this says False)."""
+        done = self._host.done
+        for _ in range(_QUICK_POLLS):
+            if done(ticket):
+                return True
+        return False
 
     def check(self) -> None:
         """Raise the error a run left unreported, if any (no wait: graph replays report here)."""
@@ -1092,7 +1117,7 @@ class CudaExecutor:
         (a torch or CUDA-graph user orders later work by the stream anyway). Every millisecond
         the stream is queried too, so a CUDA error is raised rather than waited out."""
         host = self._host
-        if host.done(ticket):
+        if self.done_soon(ticket):   # a short run ends here
             return
         drv = _bindings()
         not_ready = int(drv.CUresult.CUDA_ERROR_NOT_READY)

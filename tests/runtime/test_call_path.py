@@ -96,6 +96,56 @@ def test_repeated_calls_reuse_one_checked_binding(gen):
         check(g, x, y, "first binding untouched")
 
 
+def test_the_bound_fast_path_returns_fresh_results_and_raises_its_errors(gen):
+    """Repeated run() on one binding (Program.run's fast path: no handle, the wait inline):
+    new values copied into the same tensors each time, the output poisoned first; each call
+    returns its own dict holding the caller's tensor; a planted hang raises from that run
+    and the next run is correct again."""
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda", timeout_s=0.5) as prog:
+        x = tensors(g, gen)
+        y = poisoned(g)
+        first = prog.run(out={"y": y}, **x)
+        for i in range(4):
+            for t in x.values():
+                t.copy_(torch.rand(t.shape, generator=gen, device="cuda") * 2 - 1)
+            y.fill_(float("nan"))
+            out = prog.run(out={"y": y}, **x)
+            assert out["y"] is y and out is not first and list(out) == ["y"]
+            check(g, x, y, f"fast path run {i}")
+        assert len(prog._calls) == 1
+        ins = prog.plan.instrs
+        original = ins.copy()
+        i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
+        ins["wait_target"][i, 0] += 1                    # never reached: a planted hang
+        prog._executor.reload_queues()
+        with pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
+            prog.run(out={"y": y}, **x)
+        ins[:] = original
+        prog._executor.reload_queues()
+        y.fill_(float("nan"))
+        prog.run(out={"y": y}, **x)
+        check(g, x, y, "fast path after the hang")
+
+
+def test_the_fast_path_with_an_output_that_is_an_input(gen):
+    g = megak.Graph()
+    x = g.input("x", (4, 32))
+    g.output(x, "same")
+    g.output(g.copy(x), "y")
+    with megak.compile(g, backend="cuda") as prog:
+        t = torch.rand(4, 32, generator=gen, device="cuda")
+        y = torch.full((4, 32), float("nan"), device="cuda")
+        for i in range(3):
+            t.copy_(torch.rand(4, 32, generator=gen, device="cuda"))
+            y.fill_(float("nan"))
+            out = prog.run(out={"y": y}, x=t)
+            assert out["y"] is y and out["same"].data_ptr() != t.data_ptr()
+            torch.testing.assert_close(out["same"], t, rtol=0, atol=0)
+            torch.testing.assert_close(y, t, rtol=0, atol=0)
+        assert len(prog._calls) == 1
+
+
 def test_many_launches_on_changing_tensors(gen):
     """1000 back-to-back launches over 3 sets of tensors (3 bindings), one wait at the end,
     then every handle: each set's output is the last launch's on its inputs."""
