@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Probe: where one call's device time goes, step by step, for a launched run and for a
+resident request, on a (1, 32) copy and on a program with no instruction.
+
+It compiles the megakernel with %globaltimer marks inserted at fixed points of the path
+(block 0's set-up, the loader's steps, the op, the join, each step of mk_finish_invocation,
+and the relay's take and publish), keyed by the run's ticket, in a __device__ array read back
+with cuModuleGetGlobal; then prints the median time between consecutive marks over 64 calls.
+The marks are inserted by text replacement at anchor lines of megakernel.cu: when the source
+changes, an anchor that no longer matches fails loudly (AssertionError naming it).
+
+    python tools/probe_request_marks.py
+
+Figures (H200, 2026-12-01) are in benchmarks/ANALYSIS.md, "The call path, traced"."""
+import statistics
+import time
+
+import numpy as np
+
+import megak
+from megak.runtime import compiler
+
+
+def patch(src):
+    """The device source with the marks inserted."""
+    def rep(anchor, new, count=1):
+        n = src_[0].count(anchor)
+        assert n == count, (anchor, n)
+        src_[0] = src_[0].replace(anchor, new)
+    src_ = [src]
+    hdr = ('__device__ unsigned long long mk_probe_marks[64 * 32];\n'
+           '#define MKP(i, tk) (mk_probe_marks[((tk) & 63u) * 32u + (i)] = mk_globaltimer())\n')
+    # after sync.cuh's globaltimer definition: put the header right before mk_stop
+    rep('__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n',
+        hdr + '__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n')
+    # relay: seq seen, taken+closed, go published
+    rep('                        ticket = (mk_u32)w2;\n                        taken = true;\n',
+        '                        ticket = (mk_u32)w2;\n                        taken = true;\n                        MKP(0, ticket);\n')
+    rep('            if (reason == 0 && params == 0ull)\n                reason = MK_RESIDENT_CLOSED;\n',
+        '            if (reason == 0 && params == 0ull)\n                reason = MK_RESIDENT_CLOSED;\n            MKP(1, ticket);\n')
+    rep('            mk_st_release(&res->go, s);\n', '            mk_st_release(&res->go, s);\n            MKP(2, ticket);\n')
+    # block: go seen (after fence), params read, ready
+    rep('    mk_fence_acquire();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n',
+        '    mk_fence_acquire();\n    const mk_u64 pr_t3 = mk_globaltimer();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n')
+    rep('    const mk_u32 ticket = m->ticket;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n',
+        '    const mk_u32 ticket = m->ticket;\n    if (blockIdx.x == 0) mk_probe_marks[(ticket & 63u) * 32u + 3u] = pr_t3;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n')
+    rep('    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n',
+        '    if (blockIdx.x == 0 && q_begin + run.x + run.y != 0xffffffffu) MKP(4, ticket);\n    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n')
+    rep('            mk_take_request(a, s);\n            mk_mbar_arrive(&ctl.request_ready);\n',
+        '            mk_take_request(a, s);\n            mk_mbar_arrive(&ctl.request_ready);\n            if (blockIdx.x == 0) MKP(5, ctl.ticket);\n')
+    # loader: record + operands fetched
+    rep('            e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};\n',
+        '            if (blockIdx.x == 0 && q == 0 && s.ins.opcode != 0xffffu) MKP(6, ctl.ticket);\n            e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};\n')
+    rep('        __syncwarp();\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n',
+        '        __syncwarp();\n        if (lane == 0 && blockIdx.x == 0 && q == 0) MKP(16, ctl.ticket);\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n')
+    rep('        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n',
+        '        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(17, ctl.ticket);\n')
+    rep('            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n',
+        '            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n            if (blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(18, ctl.ticket);\n')
+    rep('            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;\n            stream_pos += s.stream_stages;\n',
+        '            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;\n            stream_pos += s.stream_stages;\n            if (blockIdx.x == 0 && q == 0 && s.stream_stages != 0xffffu) MKP(19, ctl.ticket);\n')
+    rep('        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0\'s */\n',
+        '        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0\'s */\n        if (lane == 0 && blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(20, ctl.ticket);\n')
+    # compute: op start, op signalled
+    rep('        mk_op_run(s.ins, s.operand, pages);\n        /* C3 */\n',
+        '        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(7, ctl.ticket);\n        mk_op_run(s.ins, s.operand, pages);\n        /* C3 */\n')
+    rep('        if (tid == 0)\n            mk_compute_signal(q);\n',
+        '        if (tid == 0) {\n            mk_compute_signal(q);\n            if (blockIdx.x == 0 && q == 0) MKP(8, ctl.ticket);\n        }\n')
+    # joined
+    rep('        if (what != MK_REQUEST_SKIP)\n            mk_finish_invocation(ctl.params, ctl.ticket, res, s);\n',
+        '        if (blockIdx.x == 0) MKP(9, ctl.ticket);\n        if (what != MK_REQUEST_SKIP)\n            mk_finish_invocation(ctl.params, ctl.ticket, res, s);\n')
+    rep('    mk_join_roles();\n    if (tid == 0)\n        mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);\n',
+        '    mk_join_roles();\n    if (tid == 0 && sm == 0) MKP(9, ticket);\n    if (tid == 0)\n        mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);\n')
+    # finish
+    rep('    if (error == MK_OK && finished != p.n_active)\n        error = MK_ERR_ABORTED;    /* stopped from outside (the host\'s watchdog) */\n',
+        '    if (error == MK_OK && finished != p.n_active)\n        error = MK_ERR_ABORTED;    /* stopped from outside (the host\'s watchdog) */\n    if (blockIdx.x == 0 && done_before != 0xfffffff0u) MKP(10, ticket);\n')
+    rep('    __threadfence_system();\n    hv->ticket_done = newest;\n',
+        '    if (blockIdx.x == 0) MKP(11, ticket);\n    __threadfence_system();\n    hv->ticket_done = newest;\n    if (blockIdx.x == 0) MKP(12, ticket);\n')
+    rep('        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n', '        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n    if (res != nullptr && blockIdx.x == 0) MKP(13, ticket);\n')
+    # launched entry
+    rep('    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n',
+        '    if (tid == 0 && sm == 0) MKP(14, ticket);\n    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n')
+    rep('    if (__syncthreads_or(stop)) {\n        if (tid == 0)\n            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);\n        return;\n    }\n',
+        '    if (__syncthreads_or(stop)) {\n        if (tid == 0)\n            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);\n        return;\n    }\n    if (tid == 0 && sm == 0) MKP(15, ticket);\n')
+    return src_[0]
+
+
+_ORIGINAL = compiler.device_source
+compiler.device_source = lambda: patch(_ORIGINAL())
+NAMES = {0: "relay: entry taken", 1: "relay: previous closed", 2: "go published", 3: "blk0 go seen",
+         4: "blk0 params/queue/run read", 5: "blk0 ready arrive", 6: "loader rec+ops fetched",
+         7: "op start", 8: "op signalled", 9: "roles joined", 10: "finish: status read",
+         11: "finish: writes done", 12: "finish: sys fence + host word", 13: "closed released",
+         14: "launch: blk0 entry", 15: "launch: set-up done",
+         16: "loader: arrive full", 17: "compute: full seen", 18: "loader: validated",
+         19: "loader: pages + stages", 20: "loader: waits done"}
+
+
+def marks_of(ex):
+    from megak.runtime.driver import _bindings
+    from megak.runtime.executor import kernel_handles
+    drv = _bindings()
+    _, code, _, _ = ex._variant(False)
+    _, func = kernel_handles(code.get_kernel("megakernel"))
+    _, mod = drv.cuFuncGetModule(func)
+    err, dptr, _ = drv.cuModuleGetGlobal(mod, b"mk_probe_marks")
+    assert int(err) == 0, err
+    host = np.zeros(64 * 32, dtype=np.uint64)
+    drv.cuCtxSynchronize()
+    drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)
+    return host.reshape(64, 32).astype(np.int64), (drv, dptr)
+
+
+def clear(ex):
+    m, (drv, dptr) = marks_of(ex)
+    drv.cuMemsetD8(dptr, 0, 64 * 32 * 8)
+    drv.cuCtxSynchronize()
+
+
+def report(title, m, order, host_us=None):
+    rows = [r for r in m if all(r[i] != 0 for i in order)]
+    print(f"\n{title}: {len(rows)} calls" + (f", host per call {host_us:.2f} us" if host_us else ""))
+    prev = order[0]
+    for i in order[1:]:
+        d = [int(r[i]) - int(r[prev]) for r in rows]
+        print(f"  {NAMES[prev]:>30s} -> {NAMES[i]:<30s} {statistics.median(d)/1e3:7.3f} us")
+        prev = i
+    tot = [int(r[order[-1]]) - int(r[order[0]]) for r in rows]
+    print(f"  {'total':>30s}    {statistics.median(tot)/1e3:7.3f} us")
+
+
+def med(fn, n=400):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts[n // 10:]) / 1e3
+
+
+def main():
+    import torch
+    for name, build in (("copy", lambda g: g.output(g.copy(g.input("x", (1, 32))), "y")),
+                        ("empty", lambda g: g.output(g.input("x", (1, 32)), "x_out"))):
+        g = megak.Graph()
+        build(g)
+        prog = megak.compile(g, backend="cuda")
+        ex = prog._executor
+        x = torch.randn(1, 32, device="cuda")
+        outs = {k: torch.empty(prog.plan.output_shapes[k], device="cuda")
+                for k in prog.plan.outputs if prog._writes_in_place(k)}
+        print(f"== {name}: n_sm {prog.plan.n_sm}, instructions {len(prog.plan.instrs)}")
+        prog.run(out=outs, x=x)
+        torch.cuda.synchronize()
+        clear(ex)
+        t = med(lambda: prog.run(out=outs, x=x), 64)
+        m, _ = marks_of(ex)
+        order = [14, 15, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12] if name == "copy" else [14, 15, 9, 10, 11, 12]
+        report(f"{name}: prog.run (launch)", m, order, t)
+        # back to back launches
+        clear(ex)
+        t0 = time.perf_counter_ns()
+        hs = [prog.launch(out=outs, x=x) for _ in range(64)]
+        for h in hs:
+            h.wait()
+        per = (time.perf_counter_ns() - t0) / 64 / 1e3
+        m, _ = marks_of(ex)
+        ent = sorted(int(r[14]) for r in m if r[14])
+        end = sorted(int(r[12]) for r in m if r[12])
+        gaps = [ent[i + 1] - end[i] for i in range(len(ent) - 1)]
+        spans = [int(r[12]) - int(r[14]) for r in m if r[12] and r[14]]
+        print(f"  back to back x64: {per:.2f} us per launch; entry->host word {statistics.median(spans)/1e3:.2f} us; "
+              f"end -> next entry {statistics.median(gaps)/1e3:.2f} us")
+        with megak.resident(prog, idle_s=10) as r:
+            k = r._kernel
+            r.submit(prog, out=outs, x=x).wait()
+            call, params, table, _ = prog._prepare_request({"x": x}, outs)
+            clear(ex)
+            def post_spin():
+                tk = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
+                k.post(params, table, tk, time.monotonic() + 10)
+                while not ex.done(tk):
+                    pass
+            t = med(post_spin, 64)
+            order = [0, 1, 2, 3, 4, 5, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12, 13] if name == "copy" else [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13]
+            # marks need the kernel's module: same cubin as the launched one
+            m, _ = marks_of(ex)
+            report(f"{name}: resident post+spin", m, order, t)
+            t2 = med(lambda: r.submit(prog, out=outs, x=x).wait(), 200)
+            print(f"  submit+wait from Python: {t2:.2f} us")
+        prog.close()
+
+
+if __name__ == "__main__":
+    main()
