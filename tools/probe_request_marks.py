@@ -19,6 +19,7 @@ import numpy as np
 
 import megak
 from megak.runtime import compiler
+from probe_resident_path import med   # tools/, beside this file
 
 
 def patch(src):
@@ -127,15 +128,6 @@ def report(title, m, order, host_us=None):
         prev = i
     tot = [int(r[order[-1]]) - int(r[order[0]]) for r in rows]
     print(f"  {'total':>30s}    {statistics.median(tot)/1e3:7.3f} us")
-
-
-def med(fn, n=400):
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        ts.append(time.perf_counter_ns() - t0)
-    return statistics.median(ts[n // 10:]) / 1e3
 
 
 def main():

@@ -2,6 +2,8 @@
 bindings, asynchronous launches, CUDA graph capture and replay, errors inside replays, and a
 stress run of many back-to-back launches on changing tensors. Every result is checked
 against float64 (tests/reference.py bounds) on fresh inputs, outputs poisoned first."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -40,6 +42,31 @@ def poisoned(g):
 def check(g, inputs, y, what):
     value, bound = expected(g, inputs)
     assert_close(y.float().cpu().numpy(), value, bound, what)
+
+
+@contextlib.contextmanager
+def planted_hang(prog):
+    """Inside: the program's first instruction with a wait waits for one signal more than it
+    ever gets (a hang, reported after the program's timeout); after: its queues as before."""
+    ins = prog.plan.instrs
+    original = ins.copy()
+    i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
+    ins["wait_target"][i, 0] += 1
+    prog._executor.reload_queues()
+    try:
+        yield
+    finally:
+        ins[:] = original
+        prog._executor.reload_queues()
+
+
+def input_as_output_graph():
+    """x as an output of its own (read in place, never written) beside y = copy(x)."""
+    g = megak.Graph()
+    x = g.input("x", (4, 32))
+    g.output(x, "same")
+    g.output(g.copy(x), "y")
+    return g
 
 
 @pytest.fixture
@@ -114,25 +141,15 @@ def test_the_bound_fast_path_returns_fresh_results_and_raises_its_errors(gen):
             assert out["y"] is y and out is not first and list(out) == ["y"]
             check(g, x, y, f"fast path run {i}")
         assert len(prog._calls) == 1
-        ins = prog.plan.instrs
-        original = ins.copy()
-        i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
-        ins["wait_target"][i, 0] += 1                    # never reached: a planted hang
-        prog._executor.reload_queues()
-        with pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
+        with planted_hang(prog), pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
             prog.run(out={"y": y}, **x)
-        ins[:] = original
-        prog._executor.reload_queues()
         y.fill_(float("nan"))
         prog.run(out={"y": y}, **x)
         check(g, x, y, "fast path after the hang")
 
 
 def test_the_fast_path_with_an_output_that_is_an_input(gen):
-    g = megak.Graph()
-    x = g.input("x", (4, 32))
-    g.output(x, "same")
-    g.output(g.copy(x), "y")
+    g = input_as_output_graph()
     with megak.compile(g, backend="cuda") as prog:
         t = torch.rand(4, 32, generator=gen, device="cuda")
         y = torch.full((4, 32), float("nan"), device="cuda")
@@ -210,18 +227,12 @@ def test_a_hang_inside_a_replay_is_reported_by_check(gen):
         graph.replay()
         torch.cuda.synchronize()
         prog.check()
-        ins = prog.plan.instrs
-        original = ins.copy()
-        i = int(np.nonzero(ins["n_waits"] > 0)[0][0])
-        ins["wait_target"][i, 0] += 1                    # never reached: a planted hang
-        prog._executor.reload_queues()
-        graph.replay()
-        torch.cuda.synchronize()
-        with pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
-            prog.check()
-        prog.check()                                     # reported once
-        ins[:] = original
-        prog._executor.reload_queues()
+        with planted_hang(prog):
+            graph.replay()
+            torch.cuda.synchronize()
+            with pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
+                prog.check()
+            prog.check()                                 # reported once
         y.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -233,10 +244,7 @@ def test_a_hang_inside_a_replay_is_reported_by_check(gen):
 
 
 def test_an_output_that_is_an_input_given_as_a_gpu_tensor(gen):
-    g = megak.Graph()
-    x = g.input("x", (4, 32))
-    g.output(x, "same")
-    g.output(g.copy(x), "y")
+    g = input_as_output_graph()
     with megak.compile(g, backend="cuda") as prog:
         t = torch.rand(4, 32, generator=gen, device="cuda")
         out = prog.run(x=t)
