@@ -1004,7 +1004,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  * Launched once (cooperatively, one block per SM), it serves requests: each one invocation of
  * a program, as megakernel() would run it, in the order the host numbered them.
  *
- *   host        ring[s % MK_RING_SLOTS] = {params, tensors, ticket}, then .seq = s
+ *   host        ring[s % MK_RING_SLOTS] = {params, tensors, (ticket, seq = s)}, each word
+ *               tagged with s, (ticket, seq) last
  *   relay       the last block, warp 9 (mk_relay): takes request s from the ring once
  *               request s - 1 is closed, republishes it in device memory (mirror, go = s)
  *   every block thread 0 waits for go to reach s, reads the mirror (mk_take_request);
@@ -1035,7 +1036,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  *   - invocation order: request s - 1's last block closes it (mk_finish_invocation: run
  *     state advanced, status reset, then closed = s - 1 with release, in the same 8-byte word
  *     as whether it failed); the relay publishes s only after reading closed == s - 1
- *     (relaxed load, then fence.acquire), so every block of s reads the advanced state. Thread 0 rewrites ctl for s only after request_done of s - 1 (mk_serve).
+ *     (relaxed load, then fence.acquire), so every block of s reads the advanced state.
+ *     Thread 0 rewrites ctl for s only after request_done of s - 1 (mk_serve).
  *   - relay -> host: view.taken = s with st.release.sys after the ring entry's reads, so the
  *     host may then reuse the slot; on leaving, view.next and view.reason, then view.left
  *     (release): a host that sees left knows from which request a new launch starts.
