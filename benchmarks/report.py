@@ -435,9 +435,9 @@ def _weight_lines(variants: dict[str, dict]) -> list[str]:
         lines += ["", text + "."]
     if "bytes_in_flight_per_sm" in mk:
         b = mk["bytes_in_flight_per_sm"]
-        lines += ["", f"Bytes in flight per SM (megak's weight stream, {PAGE_BYTES // 1024} KiB "
-                      f"pages): **{fmt_kib(b)}**" + ("" if b else " (the program streams no "
-                                                          "weights)") + "."]
+        lines += ["", f"Bytes in flight per SM, at most (megak's weight stream: a ring of "
+                      f"{b // PAGE_BYTES} pages of {PAGE_BYTES // 1024} KiB): **{fmt_kib(b)}**."
+                  if b else "Bytes in flight per SM: none (the program streams no weights)."]
     return lines
 
 

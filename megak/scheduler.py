@@ -574,6 +574,7 @@ def stats(plan: Plan) -> dict:
         "queue_lengths": plan.queue_lengths(),
         "counters": int(plan.n_counters),
         "pages_per_sm": int(plan.n_pages),
+        "stream_pages": int(plan.stream_pages),
         "peak_pages_per_sm": peak,
         "n_sm": int(plan.n_sm),
         "dropped_ops": list(plan.dropped_ops),

@@ -12,8 +12,9 @@ _LABELS_SHOWN = 3
 class Stats(dict):
     """What `megak.scheduler.stats` reports about a compiled program, as a dict (keys
     ``instructions``, ``instructions_per_opcode``, ``queue_lengths``, ``counters``,
-    ``pages_per_sm``, ``peak_pages_per_sm``, ``n_sm``, and ``dropped_ops`` where the
-    scheduler reports it) whose repr is `summary()` instead of every per-SM list."""
+    ``pages_per_sm``, ``stream_pages`` (of those, the weight stream's ring; 0 where nothing
+    streams), ``peak_pages_per_sm`` (held by instructions), ``n_sm``, and ``dropped_ops`` where
+    the scheduler reports it) whose repr is `summary()` instead of every per-SM list."""
 
     def summary(self) -> str:
         """A few lines: instructions in total and per opcode, SMs used, queue lengths,
@@ -30,8 +31,10 @@ class Stats(dict):
                          f"median {statistics.median(queues):g}, max {max(queues)}")
         lines.append(f"counters: {self.get('counters', 0)}")
         peak = self.get("peak_pages_per_sm") or [0]
+        ring = self.get("stream_pages", 0)
+        ring_text = f"{ring} for the weight stream's ring, " if ring else ""
         lines.append(f"pages per SM: {self.get('pages_per_sm', '?')} "
-                     f"(peak in use on one SM: {max(peak)})")
+                     f"({ring_text}peak in use on one SM: {max(peak)})")
         if "dropped_ops" in self:
             lines.append(_dropped_line(list(self["dropped_ops"])))
         return "\n".join(lines)

@@ -176,7 +176,7 @@ def test_weight_bandwidth_of_a_result():
     with pytest.raises(ValueError, match="weights_tb_s"):
         R.validate_doc({"machine": {"gpu": "G"}, "date": "2026-11-29",
                         "results": [dict(r, weights_tb_s=float("nan"))]})
-    # bytes in flight per SM: the stream's pages, 0 before a program streams its weights
+    # bytes in flight per SM: the stream's pages, 0 where a program streams no weights
     assert R.bytes_in_flight_per_sm({"stream_pages": 4}) == 4 * 16384
     assert R.bytes_in_flight_per_sm({"instructions": 3}) == 0
     assert R.fmt_kib(4 * 16384) == "64 KiB"
@@ -307,7 +307,8 @@ def test_markdown_renders_the_weight_bandwidth_of_w2_rows(doc, tmp_path):
     assert "| torch_graph | 3 | 80.00 | 80.00 | 1.50x | 1.00x | exact |  | 3.355 |" in table
     assert ("Weights: 256 MiB (268,435,456 B) read per run; *weights (TB/s)* = those bytes / "
             "the median time, the effective weight bandwidth (megak: **2.237 TB/s**).") in table
-    assert "Bytes in flight per SM (megak's weight stream, 16 KiB pages): **64 KiB**." in table
+    assert ("Bytes in flight per SM, at most (megak's weight stream: a ring of 4 pages of "
+            "16 KiB): **64 KiB**.") in table
     # the targets table lists both batch forms
     summary = md.split("## Targets")[1].split("##")[0]
     assert "| W2-4096x8-bf16-b1 | <= 68 us | 120.0 us | **missed by 52 us (76%)** |" in summary
@@ -318,7 +319,7 @@ def test_markdown_renders_the_weight_bandwidth_of_w2_rows(doc, tmp_path):
     # a program without a weight stream says so
     doc["results"] = w2_rows(in_flight=0)
     md = R.render_markdown(doc)
-    assert "**0 KiB** (the program streams no weights)." in md
+    assert "Bytes in flight per SM: none (the program streams no weights)." in md
 
 
 def test_older_results_without_weight_fields_still_render(doc, tmp_path):
@@ -892,8 +893,10 @@ def test_flow_records_the_weight_bandwidth_of_w2(rng):
     for r in res:
         assert r["weight_bytes"] == w.weight_bytes
         assert r["weights_tb_s"] == pytest.approx(w.weight_bytes / (r["median_us"] * 1e-6) / 1e12)
-    # read from the program's stats (0 until the program streams its weights)
-    assert res[0]["bytes_in_flight_per_sm"] >= 0
+    # the streamed layers' ring on each SM (prog.stats["stream_pages"]): 13 pages less the
+    # streamed GEMM's own
+    ring = megak.pages.ring_pages(megak.pages.DEFAULT_PAGES, megak.abi.OP_SHAPES["MK_STREAM_PAGES"])
+    assert ring > 0 and res[0]["bytes_in_flight_per_sm"] == ring * R.PAGE_BYTES
     assert all("bytes_in_flight_per_sm" not in r for r in res[1:])
     # a workload without weights records none
     res, _, _ = R.run_gpu_workload(W.w1(n_ops=4), quick=True, torch_env=None, rng=rng,

@@ -42,3 +42,16 @@ def test_dropped_ops_are_counted_and_named():
            "copy #6, ... 1 more" in text
     st["dropped_ops"] = []
     assert "dropped ops: none" in st.summary()
+
+
+def test_the_weight_rings_pages_are_counted_and_shown():
+    """A streamed bf16 layer (weights a graph input, batch <= 64) keeps a ring of pages on every
+    SM: stats name it (the benchmarks' bytes in flight per SM read it), the summary says so."""
+    g = megak.Graph()
+    x = g.input("x", (16, 1024), "bfloat16")
+    g.output(g.gemm(x, g.input("w", (1024, 1024), "bfloat16")), "y")
+    st = megak.compile(g, backend="sim").stats
+    assert st["stream_pages"] == st["pages_per_sm"] - max(st["peak_pages_per_sm"]) > 0
+    assert f"({st['stream_pages']} for the weight stream's ring, " in repr(st)
+    plain = program().stats
+    assert plain["stream_pages"] == 0 and "ring" not in repr(plain)
