@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Probe: the weight stream stage by stage. For the W2 chains (bf16, x = x @ W_i) it compiles
+the megakernel with %globaltimer marks per ring stage and per instruction, in a __device__
+array read back with cuModuleGetGlobal (one run), and prints per chain the medians (over SMs
+and stages, or instructions) of
+
+  per stage (warp 0 of the compute warps):
+    A wait          its wait for its A slice of the stage (cp.async group), from the previous
+                    stage's end (or the k loop's entry)
+    B wait          then its wait for the stage's page (ring_full)
+    mma             then its ldmatrix + MMAs, up to its arrive on ring_empty
+    issue->land     the streamer's issue of a stage to the consumer seeing it full, over the
+                    stages the consumer was already waiting for (the copy's latency)
+  per instruction:
+    enter->first    the k loop's entry (dependencies met) to the first page usable, and how
+                    many of the stream's stages from there on were issued by the entry
+    kloop, reduce, combine, epilogue, fence
+                    its phases: the k loop, the 8 warps' partials summed, the parts' combine,
+                    the epilogue's stores, the release fence before the signal
+    gap             its signal's fence to the next instruction's k-loop entry on the same SM
+                    (the loader's wait for the next layer, and the hand-over)
+
+Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
+at most F copies in flight; `noA`, no A staging: the MMAs read stale A, timing only), each
+built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
+flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
+build without a GPU, so a lease spends no time in NVRTC.
+
+    python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16] [--compile-only]
+"""
+import argparse
+import statistics
+
+import numpy as np
+
+import megak
+from megak.dtypes import numpy_dtype
+from megak.runtime import compiler
+from probe_stream_parts import chain   # tools/, beside this file
+
+MAXPOS = 1024          # stage positions recorded per SM
+NMARK = 10   # per stage: 0 issue, 2 A landed, 3 full, 4 done; per instruction, at its first
+             # position: 1 k-loop entry, 5 k loop done, 6 reduced, 7 combined, 8 epilogue
+             # stored, 9 signal fence done
+
+_STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);\n"
+
+
+def cap(f):
+    """The streamer keeps at most f copies in flight: it issues stage pos once pos - f landed."""
+    return [(_STREAMER_ISSUE,
+             f"                if (pos >= {f}u) {{ const mk_u32 j = pos - {f}u;\n"
+             f"                    while (!mk_mbar_try_wait(&ctl.ring_full[j % R], (j / R) & 1u)) {{}} }}\n"
+             + _STREAMER_ISSUE)]
+
+
+_NO_A = [("""        if (ahead < nst)
+            mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, mts, in.klen,
+                              MK_STREAM_BOX_ROWS * ahead + 16 * warp, a_vec);""", "")]
+
+VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
+            "noA": _NO_A, "noA-cap4": _NO_A + cap(4)}
+
+MARKS = [
+    # header: after sync.cuh (mk_globaltimer), before the stream header's users
+    ("#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n",
+     "#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n"
+     f"__device__ unsigned long long mk_probe_st[132u * {MAXPOS}u * {NMARK}u];\n"
+     "#if MKP_ON\n"
+     f"#define MKP(pos, i) do {{ if ((pos) < {MAXPOS}u) mk_probe_st[(blockIdx.x * {MAXPOS}u + (pos)) * {NMARK}u + (i)] = mk_globaltimer(); }} while (0)\n"
+     "#else\n#define MKP(pos, i) do { } while (0)\n#endif\n"),
+    (_STREAMER_ISSUE, "                MKP(pos, 0);\n" + _STREAMER_ISSUE),
+    ("#pragma unroll 1\n    for (int t = 0; t < D - 1; ++t) {\n",
+     "    const mk_u32 mkp0 = pages.stream_pos;\n    if (ring && threadIdx.x == 0) MKP(mkp0, 1);\n"
+     "#pragma unroll 1\n    for (int t = 0; t < D - 1; ++t) {\n"),
+    ("        mk_stream_wait_a(D);\n        __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */\n",
+     "        mk_stream_wait_a(D);\n        __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */\n"
+     "        if (ring && threadIdx.x == 0) MKP(mkp0 + s, 2);\n"),
+    ("            ok = mk_stream_wait_full(ctl, slot, parity);\n",
+     "            ok = mk_stream_wait_full(ctl, slot, parity);\n            if (threadIdx.x == 0) MKP(mkp0 + s, 3);\n"),
+    ("            __syncwarp();\n            if (lane == 0)\n                mk_mbar_arrive(&ctl.ring_empty[slot]);\n",
+     "            __syncwarp();\n            if (threadIdx.x == 0) MKP(mkp0 + s, 4);\n"
+     "            if (lane == 0)\n                mk_mbar_arrive(&ctl.ring_empty[slot]);\n"),
+]
+
+
+def patched(src, variant, marked):
+    """The plain build of "asbuilt" is the device source unchanged (its cubin is the one the
+    runtime caches)."""
+    for a, b in VARIANTS[variant] + (MARKS if marked else []):
+        n = src.count(a)
+        assert n == 1, (a, n)
+        src = src.replace(a, b)
+    return "#define MKP_ON 1\n" + src if marked else src
+
+
+_ORIGINAL = compiler.device_source
+
+
+def use(variant, marked):
+    compiler.device_source = lambda: patched(_ORIGINAL(), variant, marked)
+
+
+CASES = [("4096x8-b16", 4096, 8, 16), ("4096x8-b64", 4096, 8, 64), ("8192x8-b16", 8192, 8, 16),
+         ("1024x16-b16", 1024, 16, 16)]
+
+
+def marks_of(prog):
+    from megak.runtime.driver import _bindings
+    from megak.runtime.executor import kernel_handles
+    drv = _bindings()
+    _, code, _, _ = prog._executor._variant(False)
+    _, func = kernel_handles(code.get_kernel("megakernel"))
+    _, mod = drv.cuFuncGetModule(func)
+    err, dptr, size = drv.cuModuleGetGlobal(mod, b"mk_probe_st")
+    assert int(err) == 0, err
+    host = np.zeros(132 * MAXPOS * NMARK, dtype=np.uint64)
+    drv.cuCtxSynchronize()
+    drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)
+    return host.reshape(132, MAXPOS, NMARK).astype(np.int64), (drv, dptr)
+
+
+def med(x):
+    return statistics.median(x) / 1e3 if len(x) else float("nan")
+
+
+def analyse(m):
+    """Medians over every (SM, stage) with the marks it needs, in us."""
+    issue_land, a_wait, b_wait, mma, enter_first, ahead = [], [], [], [], [], []
+    for sm in range(m.shape[0]):
+        r = m[sm]
+        used = np.nonzero(r[:, 4])[0]
+        if not len(used):
+            continue
+        prev_done = None
+        for pos in used:
+            t = r[pos]
+            if t[1]:                      # first stage of an instruction
+                start = t[1]
+                enter_first.append(t[3] - t[1])
+                ahead.append(int(np.count_nonzero((r[:, 0] != 0) & (r[:, 0] <= t[1])
+                                                  & (np.arange(MAXPOS) >= pos))))
+            else:
+                start = prev_done if prev_done is not None else t[2]
+            a_wait.append(t[2] - start)
+            b_wait.append(t[3] - t[2])
+            mma.append(t[4] - t[3])
+            if t[0] and t[3] - t[2] > 200:   # the consumer waited: full seen ~ landed
+                issue_land.append(t[3] - t[0])
+            prev_done = t[4]
+    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "fence", "gap")}
+    for sm in range(m.shape[0]):
+        r = m[sm]
+        firsts = [p for p in np.nonzero(r[:, 1])[0] if all(r[p, i] for i in range(5, 10))]
+        for j, p in enumerate(firsts):
+            t = r[p]
+            for name, a, b in (("kloop", 1, 5), ("reduce", 5, 6), ("combine", 6, 7),
+                               ("epilogue", 7, 8), ("fence", 8, 9)):
+                tail[name].append(t[b] - t[a])
+            if j + 1 < len(firsts):
+                tail["gap"].append(r[firsts[j + 1], 1] - t[9])
+    out = {f"{k}": med(v) for k, v in tail.items()}
+    return out | {"issue->land (waited)": med(issue_land), "A wait": med(a_wait), "B wait": med(b_wait),
+            "mma": med(mma), "enter->first": med(enter_first),
+            "issued ahead at entry": statistics.median(ahead) if ahead else float("nan"),
+            "B wait mean": float(np.mean(b_wait)) / 1e3 if b_wait else float("nan"),
+            "A wait mean": float(np.mean(a_wait)) / 1e3 if a_wait else float("nan")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", nargs="*", default=list(VARIANTS))
+    ap.add_argument("--cases", nargs="*", default=[c[0] for c in CASES])
+    ap.add_argument("--compile-only", action="store_true")
+    args = ap.parse_args()
+    if args.compile_only:
+        for v in args.variant:
+            for marked in (False, True):
+                use(v, marked)
+                k = compiler.compile_megakernel("sm_90a")
+                print(v, "marked" if marked else "plain", "cached" if k.from_cache else "compiled",
+                      compiler.parse_ptxas_log(k.log), flush=True)
+        compiler.device_source = _ORIGINAL
+        return
+    from megak.runtime.bench import Bench
+    rng = np.random.default_rng(0)
+    bf16 = numpy_dtype("bfloat16")
+    for name, hidden, layers, batch in CASES:
+        if name not in args.cases:
+            continue
+        g = chain(hidden, layers, batch)
+        inputs = {"x": rng.uniform(-1, 1, (batch, hidden)).astype(np.float32).astype(bf16)}
+        for i in range(layers):
+            inputs[f"w{i}"] = (rng.uniform(-1, 1, (hidden, hidden)).astype(np.float32)
+                               * np.float32(0.03)).astype(bf16)
+        for v in args.variant:
+            use(v, False)
+            prog = megak.compile(g, backend="cuda")
+            b = Bench(prog)
+            b.upload(**inputs)
+            t = float(np.median(b.time_megakernel(reps=40)))
+            b.close()
+            prog.close()
+            use(v, True)
+            prog = megak.compile(g, backend="cuda")
+            res = prog.run(**inputs)
+            ref = inputs["x"].astype(np.float64)
+            for i in range(layers):
+                ref = (ref @ inputs[f"w{i}"].astype(np.float64)).astype(np.float32).astype(bf16).astype(np.float64)
+            err = float(np.max(np.abs(res[f"h{layers - 1}"].astype(np.float64) - ref)))
+            _, (drv, dptr) = marks_of(prog)
+            drv.cuMemsetD8(dptr, 0, 132 * MAXPOS * NMARK * 8)
+            prog.run(**inputs)
+            m, _ = marks_of(prog)
+            a = analyse(m)
+            print(f"{name:12s} {v:8s} {t:8.1f} us  max|err| {err:.3g}  " +
+                  "  ".join(f"{k} {x:.3f}" for k, x in a.items()), flush=True)
+            prog.close()
+    compiler.device_source = _ORIGINAL
+
+
+if __name__ == "__main__":
+    main()
