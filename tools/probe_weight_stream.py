@@ -12,11 +12,17 @@ every SM streams an equal share of each layer (units of 128 k-rows x 64 columns,
 Modes: `sync` = the consumers of layer l + 1 wait until every SM finished layer l (a grid
 counter, what a dependent chain does) while the loader lane streams on; `a` = each warp also
 reads its k16 slice of a 16-row activation from L2 per page (a=1 just before the page, a=2
-four pages ahead in registers); `wide` = that many adjacent 64-column boxes per k-block (wider
-row segments in DRAM); `hint` = L2 evict-first on the
-weights. Reports TB/s of weights (median of 5).
+four pages ahead in registers, a=3 as 2 but from one of 4 copies of the activation, chosen by
+the SM: a quarter of the SMs per L2 line); `wide` = that many adjacent 64-column boxes per
+k-block (wider row segments in DRAM); `hint` = L2 evict-first on the weights; `cap` = the lane
+keeps at most that many copies in flight (it issues page p once page p - cap landed; 0: the
+ring is the only bound); `rows` = k-rows per box (128, 64 or 32): a page then holds 128 / rows
+adjacent boxes, a unit spans 64 x 128 / rows columns of rows k-rows (row segments of 128,
+256 or 512 B in DRAM, and A per page of rows k-values: only warps 0 .. rows / 16 - 1 read it).
+Reports TB/s of weights (median of 5).
 
-    python tools/probe_weight_stream.py
+    python tools/probe_weight_stream.py            # the sweep below
+    python tools/probe_weight_stream.py --shapes   # the box shapes, caps and A copies
 """
 import ctypes
 import statistics
@@ -44,8 +50,8 @@ __device__ __forceinline__ bool mbar_try(u64* b, u32 par)
 __device__ __forceinline__ void mbar_wait(u64* b, u32 par) { while (!mbar_try(b, par)) {} }
 
 extern "C" __global__ void __launch_bounds__(288, 1)
-probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u32 K, u32 N,
-      u32 R, u32 sync, u32 use_a, u32 hint, u32 wide, float* sink)
+probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 layers, u32 K,
+      u32 N, u32 R, u32 sync, u32 use_a, u32 hint, u32 wide, float* sink, u32 cap, u32 rows)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char* pages = (unsigned char*)(((unsigned long long)smem + 1023) & ~1023ull);
@@ -57,7 +63,10 @@ probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u3
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    const u32 bands = N / 64, kblocks = K / 128, units = bands * kblocks;
+    /* a unit = one page: `boxes` adjacent 64-column boxes of `rows` k-rows */
+    const u32 boxes = 128 / rows, bands = N / (64 * boxes), kblocks = K / rows,
+              units = bands * kblocks;
+    const void* tmap = tmaps + 128 * (rows == 128 ? 0 : rows == 64 ? 1 : 2);
     const u32 g = gridDim.x, b = blockIdx.x;
     const u32 u0 = (u64)units * b / g, u1 = (u64)units * (b + 1) / g;
     if (warp == 8) {
@@ -70,14 +79,17 @@ probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u3
             for (u32 u = u0; u < u1; ++u, ++pos) {
                 const u32 slot = pos % R;
                 if (pos >= R) mbar_wait(&empty[slot], ((pos / R) - 1) & 1);
+                if (cap && pos >= cap) mbar_wait(&full[(pos - cap) % R], ((pos - cap) / R) & 1);
                 mbar_expect(&full[slot], PAGE);
                 const u32 grp = u / (kblocks * wide), in = u % (kblocks * wide);
-                const int c0 = (int)((grp * wide + in % wide) * 64);
-                const int r0 = (int)(l * K + (in / wide) * 128);
-                asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                             " [%0], [%1, {%2, %3}], [%4], %5;"
-                             :: "r"(sa(pages + slot * PAGE)), "l"(tmap), "r"(c0), "r"(r0),
-                                "r"(sa(&full[slot])), "l"(pol) : "memory");
+                const int c0 = (int)((grp * wide + in % wide) * 64 * boxes);
+                const int r0 = (int)(l * K + (in / wide) * rows);
+                for (u32 x = 0; x < boxes; ++x)
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                                 " [%0], [%1, {%2, %3}], [%4], %5;"
+                                 :: "r"(sa(pages + slot * PAGE + x * (PAGE / boxes))), "l"(tmap),
+                                    "r"(c0 + (int)(64 * x)), "r"(r0), "r"(sa(&full[slot])),
+                                    "l"(pol) : "memory");
             }
         return;
     }
@@ -86,8 +98,11 @@ probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u3
     u32 a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
     u32 ar[4][4];
     const int gq = lane >> 2, q = lane & 3;
-#define KROW(u) ((((u) % (kblocks * wide)) / wide) * 128)
-#define LOADA(dst, l_, u_) do { const unsigned short* ap = act + (u64)(l_) * 16 * K + KROW(u_) + 16 * warp; \
+#define KROW(u) ((((u) % (kblocks * wide)) / wide) * rows)
+    /* a=3: this SM's copy of the activation (4 copies, layers x 16 x K each) */
+    const unsigned short* act_c = act + (use_a == 3 ? (u64)(b & 3) * layers * 16 * K : 0);
+    const bool reads_a = 16 * warp < rows;   /* the page's k-rows: warps past them reuse a */
+#define LOADA(dst, l_, u_) do { if (!reads_a) break; const unsigned short* ap = act_c + (u64)(l_) * 16 * K + KROW(u_) + 16 * warp; \
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(dst[0]) : "l"(ap + gq * K + 2 * q)); \
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(dst[1]) : "l"(ap + (gq + 8) * K + 2 * q)); \
     asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(dst[2]) : "l"(ap + gq * K + 2 * q + 8)); \
@@ -105,7 +120,7 @@ probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u3
             const u32 slot = pos % R;
             if (use_a == 1)
                 LOADA(a, l, u);
-            if (use_a == 2) {   /* 4 pages ahead: a ring of registers (unit index mod 4) */
+            if (use_a >= 2) {   /* 4 pages ahead: a ring of registers (unit index mod 4) */
                 if (u == u0)
                     for (u32 v = u0; v < u0 + 4 && v < u1; ++v) {
                         const u32 t = (v - u0) & 3;
@@ -151,7 +166,7 @@ probe(const void* tmap, const unsigned short* act, u32* grid_ctr, u32 layers, u3
 """
 
 
-def main():
+def main(shapes: bool = False):
     drv = _bindings()
     from cuda.core import Device, ObjectCode
     dev = Device(0)
@@ -169,35 +184,39 @@ def main():
     layers, K, N = 8, 4096, 4096
     m = mem.Memory(0)
     w = m.device(layers * K * N * 2, "weights")
-    act = m.device(layers * 16 * K * 2, "act")
+    act = m.device(4 * layers * 16 * K * 2, "act")   # 4 copies (a=3)
     ctr = m.device(64, "ctr")
     sink = m.device(4096, "sink")
     stream = dev.create_stream()
     h = stream.handle
     mem.memset32(w.ptr, 0x3F803F80, layers * K * N // 2, h)
-    mem.memset32(act.ptr, 0x3F803F80, layers * 16 * K // 2, h)
+    mem.memset32(act.ptr, 0x3F803F80, 4 * layers * 16 * K // 2, h)
     T = drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-    tm = check(drv.cuTensorMapEncodeTiled(
-        T, 2, w.ptr, [drv.cuuint64_t(N), drv.cuuint64_t(layers * K)], [drv.cuuint64_t(N * 2)],
-        [drv.cuuint32_t(64), drv.cuuint32_t(128)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
-        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
-    raw = np.array([int(x) for x in tm.opaque], dtype=np.uint64)
-    tmap = m.device(128, "tmap")
-    staging = m.pinned(128, "tmap staging")
-    staging.array(np.uint64, (16,))[:] = raw
-    mem.htod(tmap.ptr, staging.ptr, 128, h)
+
+    def encode(box_rows):
+        tm = check(drv.cuTensorMapEncodeTiled(
+            T, 2, w.ptr, [drv.cuuint64_t(N), drv.cuuint64_t(layers * K)], [drv.cuuint64_t(N * 2)],
+            [drv.cuuint32_t(64), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+            drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
+        return np.array([int(x) for x in tm.opaque], dtype=np.uint64)
+
+    tmap = m.device(3 * 128, "tmaps")   # boxes of 128, 64 and 32 k-rows
+    staging = m.pinned(3 * 128, "tmap staging")
+    staging.array(np.uint64, (48,))[:] = np.concatenate([encode(r) for r in (128, 64, 32)])
+    mem.htod(tmap.ptr, staging.ptr, 3 * 128, h)
     check(drv.cuStreamSynchronize(h), "sync")
     start, end = (check(drv.cuEventCreate(0), "event") for _ in range(2))
 
-    def run(R, sync, use_a, hint, wide=1):
+    def run(R, sync, use_a, hint, wide=1, cap=0, rows=128):
         mem.memset32(ctr.ptr, 0, 16, h)
         vals = [ctypes.c_uint64(tmap.ptr), ctypes.c_uint64(act.ptr), ctypes.c_uint64(ctr.ptr),
                 ctypes.c_uint32(layers), ctypes.c_uint32(K), ctypes.c_uint32(N),
                 ctypes.c_uint32(R), ctypes.c_uint32(sync), ctypes.c_uint32(use_a),
-                ctypes.c_uint32(hint), ctypes.c_uint32(wide), ctypes.c_uint64(sink.ptr)]
+                ctypes.c_uint32(hint), ctypes.c_uint32(wide), ctypes.c_uint64(sink.ptr),
+                ctypes.c_uint32(cap), ctypes.c_uint32(rows)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         check(drv.cuEventRecord(start, h), "record")
         check(drv.cuLaunchCooperativeKernel(func, n_sm, 1, 1, 288, 1, 1, smem, h,
@@ -208,6 +227,18 @@ def main():
 
     nbytes = layers * K * N * 2
     print(f"{n_sm} SMs, {layers} x {K} x {N} bf16 = {nbytes / 1e6:.0f} MB of weights")
+    if shapes:
+        # every SM a share, layers behind a grid barrier; A none / 4 pages ahead / from copies
+        for R in (8, 10):
+            for cap in (0, 3, 4, 6):
+                for rows in (128, 64, 32):
+                    for use_a in (0, 2, 3):
+                        ts = [run(R, 1, use_a, 1, 1, cap, rows) for _ in range(6)][1:]
+                        t = statistics.median(ts)
+                        print(f"R={R:2d} cap={cap} rows={rows:3d} a={use_a}: {t:7.1f} us "
+                              f"{nbytes / t / 1e6:5.2f} TB/s", flush=True)
+        m.close()
+        return
     for R in (4, 8, 12):
         for sync, use_a, hint, wide in ((0, 0, 1, 1), (0, 0, 1, 2), (0, 0, 1, 4), (0, 0, 0, 4),
                                         (1, 0, 1, 4), (1, 1, 1, 4), (1, 2, 1, 1), (1, 2, 1, 4)):
@@ -219,4 +250,5 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(shapes="--shapes" in sys.argv[1:])
