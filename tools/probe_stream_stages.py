@@ -21,7 +21,8 @@ and stages, or instructions) of
                     (the loader's wait for the next layer, and the hand-over)
 
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
-at most F copies in flight; `noA`, no A staging: the MMAs read stale A, timing only), each
+at most F copies in flight; `noA`, no A staging: the MMAs read stale A; `Arot`, A's k slices
+in an order rotated by the SM; the last two give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU, so a lease spends no time in NVRTC.
@@ -58,8 +59,17 @@ _NO_A = [("""        if (ahead < nst)
             mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, mts, in.klen,
                               MK_STREAM_BOX_ROWS * ahead + 16 * warp, a_vec);""", "")]
 
+# A's k slices read in an order rotated by the SM (B's order unchanged): at any moment the SMs
+# of a layer read different A lines from L2, while they still read the same rows of B from
+# DRAM. Against "asbuilt", whether A's cost is the hot spot of every SM reading one line.
+_A_ROTATED = [("MK_STREAM_BOX_ROWS * t + 16 * warp",
+               "MK_STREAM_BOX_ROWS * ((t + (int)blockIdx.x) % nst) + 16 * warp"),
+              ("MK_STREAM_BOX_ROWS * ahead + 16 * warp",
+               "MK_STREAM_BOX_ROWS * ((ahead + (int)blockIdx.x) % nst) + 16 * warp")]
+
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
-            "noA": _NO_A, "noA-cap4": _NO_A + cap(4)}
+            "noA": _NO_A, "noA-cap4": _NO_A + cap(4), "Arot": _A_ROTATED,
+            "Arot-cap4": _A_ROTATED + cap(4)}
 
 MARKS = [
     # header: after sync.cuh (mk_globaltimer), before the stream header's users
