@@ -347,7 +347,9 @@ class Program:
         return results
 
     def _launch_sim(self, call: "_Call", trace: bool, out) -> "Handle":
-        """The simulator runs at launch; a failure waits for wait() or the next call."""
+        """The simulator runs at launch; a failure waits for wait() or the next call (a
+        closed program raises at once, as the GPU's launch does)."""
+        self._executor.check_open()
         self._raise_sim_pending()
         handle = Handle(self, call, None, trace, out, None)
         try:
@@ -440,8 +442,8 @@ class Program:
     def close(self) -> None:
         """Free what the backend holds now: on "cuda", the program's device and pinned
         memory and its streams (otherwise freed when the Program is garbage collected); on
-        "sim", nothing. Calling it again does nothing. A closed "cuda" program raises
-        MegakernelError if run. A program served by an open resident kernel is not closed:
+        "sim", nothing. Calling it again does nothing. A closed program raises
+        MegakernelError if run or launched, on either backend. A program served by an open resident kernel is not closed:
         close that first (MegakernelError)."""
         if self._resident is not None:
             raise MegakernelError("this program is served by an open resident kernel; close "

@@ -143,6 +143,7 @@ class SimExecutor:
         self._run_bytes = self._stream_checked = None   # the queues the ring model last ran
         self.last_peak_pages: list[int] = []
         self.last_page_intervals: list[list[tuple]] = []
+        self.closed = False
 
     def _reset_counters(self) -> None:
         # a failed run leaves counters part-way: start the next one from zero, as the GPU does
@@ -153,13 +154,19 @@ class SimExecutor:
         """Nothing to upload on the CPU: the plan's records are read at each run."""
 
     def close(self) -> None:
-        pass
+        """Nothing to free on the CPU, but a closed program refuses to run, as on the GPU."""
+        self.closed = True
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise MegakernelError("this SimExecutor is closed")
 
     # -- one run ----------------------------------------------------------------------------
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
             trace: bool = False) -> dict[int, np.ndarray]:
         """Execute the plan; with ``trace``, ``self.last_trace_events`` holds one
         abi.TRACE_DTYPE record per instruction (queue order), in logical steps."""
+        self.check_open()
         plan = self.plan
         data = abi.encode(plan.instrs)          # execute the bytes, not the Python objects
         self._run_bytes = data

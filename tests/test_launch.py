@@ -101,3 +101,16 @@ def test_stream_is_checked(backend, rng):
             prog.run(stream=7, **inputs)
         with pytest.raises(megak.GraphError, match="stream= takes a CUDA stream"):
             prog.launch(stream="default", **inputs).wait()
+
+
+def test_a_closed_program_refuses_to_run_on_either_backend(backend, rng):
+    """close() ends a program on both backends alike, so code tested on the simulator fails
+    the same way on the GPU: run and launch raise at once, close again does nothing."""
+    g = chain(1)
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        check_graph(prog, g, rng)
+    inputs = random_inputs(g, rng)
+    for call in (prog.run, prog.launch):
+        with pytest.raises(megak.MegakernelError, match="closed"):
+            call(**inputs)
+    prog.close()
