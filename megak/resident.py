@@ -116,11 +116,11 @@ class Resident:
         if getattr(prog, "_resident", None) is not None:
             raise GraphError("this program is already served by another open resident "
                              "kernel; close that one first")
-        if self.backend != "cuda":
-            return
         ex = prog._executor
         if ex.closed:
             raise GraphError("this program is closed")
+        if self.backend != "cuda":
+            return
         if ex.managed:
             raise GraphError("a resident kernel serves programs with device memory; compile "
                              "this one without managed=True")

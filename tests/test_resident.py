@@ -119,3 +119,11 @@ def test_bad_arguments_are_graph_errors():
         with pytest.raises(megak.GraphError, match="compiled programs"):
             r.add("not a program")
         assert r.submit(prog, x=np.ones((2, 16), np.float32)).wait()["y"].shape == (2, 16)
+    # a closed program is refused, when the kernel opens and by add(), as on the GPU
+    closed = megak.compile(copy_graph(), backend="sim")
+    closed.close()
+    with pytest.raises(megak.GraphError, match="closed"):
+        megak.resident(closed)
+    with megak.resident(prog) as r:
+        with pytest.raises(megak.GraphError, match="closed"):
+            r.add(closed)
