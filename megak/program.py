@@ -443,7 +443,8 @@ class Program:
         """Free what the backend holds now: on "cuda", the program's device and pinned
         memory and its streams (otherwise freed when the Program is garbage collected); on
         "sim", nothing. Calling it again does nothing. A closed program raises
-        MegakernelError if run or launched, on either backend. A program served by an open resident kernel is not closed:
+        MegakernelError if run or launched, on either backend, and so does the ``wait()``
+        of a launch not waited on before the close. A program served by an open resident kernel is not closed:
         close that first (MegakernelError)."""
         if self._resident is not None:
             raise MegakernelError("this program is served by an open resident kernel; close "
@@ -517,6 +518,7 @@ class Handle:
             raise self._error
         prog = self._program
         if self._ticket is None:                       # simulator: it ran at launch
+            prog._executor.check_open()                # closed before the wait: as on the GPU
             if self._error is not None:
                 if not self._reported:
                     prog._sim_failed.remove(self)

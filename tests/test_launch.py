@@ -105,12 +105,20 @@ def test_stream_is_checked(backend, rng):
 
 def test_a_closed_program_refuses_to_run_on_either_backend(backend, rng):
     """close() ends a program on both backends alike, so code tested on the simulator fails
-    the same way on the GPU: run and launch raise at once, close again does nothing."""
+    the same way on the GPU: run, launch and the wait of a run not yet waited on raise,
+    close again does nothing."""
     g = chain(1)
     with megak.compile(g, backend=backend, **opts(backend)) as prog:
         check_graph(prog, g, rng)
-    inputs = random_inputs(g, rng)
+        inputs = random_inputs(g, rng)
+        waited = prog.launch(**inputs)
+        result = waited.wait()
+        pending = prog.launch(**inputs)
     for call in (prog.run, prog.launch):
         with pytest.raises(megak.MegakernelError, match="closed"):
             call(**inputs)
+    # a run waited on before close keeps its result; one that was not raises
+    assert waited.wait() is result
+    with pytest.raises(megak.MegakernelError, match="closed"):
+        pending.wait()
     prog.close()
