@@ -137,3 +137,19 @@ def test_epilogue_dependencies_are_tile_level():
     plan = scheduler.build_plan(g, n_sm=4)
     last = plan.instrs[plan.instrs["op_index"] == 2]
     assert (last["n_waits"] == 2).all()       # one residual tile + one bias chunk
+
+
+def test_activations_far_out_reach_their_limits_without_warnings():
+    """Past about -88 silu's exp(-v), and past about 7e12 gelu's cube, overflow in fp32 (as on
+    the device); the simulator's epilogue gives the limit and no overflow warning."""
+    import warnings
+    from megak.ops._epilogue import activation
+    v = np.array([-1e13, -200.0, -90.0, 0.0, 3.0, 1e13], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        silu, gelu = activation(v, "silu"), activation(v, "gelu")
+    assert silu.dtype == gelu.dtype == np.float32
+    np.testing.assert_array_equal(silu[:4], 0.0)
+    np.testing.assert_array_equal(gelu[:4], 0.0)
+    np.testing.assert_allclose(silu[4:], [3.0 / (1.0 + np.exp(-3.0)), 1e13], rtol=1e-6)
+    np.testing.assert_allclose(gelu[5], 1e13, rtol=1e-6)
