@@ -67,3 +67,70 @@ def random_graph(seed: int) -> megak.Graph:
     for i, t in enumerate(outs.values()):
         g.output(t, f"out{i}")
     return g
+
+
+# bf16 graphs: shapes around the GEMM paths' edges (<= 64 rows with weights as inputs: the
+# weight stream; more rows or a produced B: wgmma tiles; K and N off the 64/128 boxes)
+ROWS_BF16 = [1, 2, 16, 17, 33, 64, 65, 130]
+COLS_BF16 = [8, 64, 100, 128, 200, 256, 300]
+_ACTIVATIONS = [None, None, "relu", "gelu", "silu"]
+
+
+def random_bf16_graph(seed: int) -> megak.Graph:
+    """Mixed bf16 / fp32 graphs: bf16 GEMMs with random epilogues (bias, activation,
+    residual, bf16 or fp32 out) on weight inputs or produced operands, and the row-wise ops
+    that take bf16 (add, softmax, layernorm, rmsnorm) on either dtype."""
+    rng = np.random.default_rng(seed)
+    g = megak.Graph()
+    pool = []
+    n_inputs = 0
+
+    def new_input(shape, dtype):
+        nonlocal n_inputs
+        t = g.input(f"in{n_inputs}", tuple(int(d) for d in shape), dtype)
+        n_inputs += 1
+        return t
+
+    def either():
+        return "bfloat16" if rng.random() < 0.6 else "float32"
+
+    pool.append(new_input((rng.choice(ROWS_BF16), rng.choice(COLS_BF16)), "bfloat16"))
+    for _ in range(int(rng.integers(2, 8))):
+        kind = rng.choice(["gemm", "gemm", "gemm", "add", "softmax", "layernorm", "rmsnorm"])
+        x = pool[int(rng.integers(len(pool)))]
+        if kind == "gemm":
+            if x.dtype != "bfloat16":
+                x = pool[0]
+            partners = [t for t in pool if t.rows == x.cols and t.dtype == "bfloat16"]
+            if partners and rng.random() < 0.3:
+                b = partners[int(rng.integers(len(partners)))]
+            else:
+                b = new_input((x.cols, rng.choice(COLS_BF16)), "bfloat16")
+            n = b.cols
+            kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
+            if rng.random() < 0.4:
+                kw["bias"] = new_input((n,), either())
+            if rng.random() < 0.3:
+                kw["residual"] = new_input((x.rows, n), either())
+            if rng.random() < 0.3:
+                kw["out_dtype"] = either()
+            pool.append(g.gemm(x, b, **kw))
+        elif kind == "add":
+            other = new_input((x.cols,) if rng.random() < 0.5 else x.shape, either())
+            pool.append(g.add(x, other))
+        elif kind == "softmax":
+            pool.append(g.softmax(x, scale=float(rng.choice([1.0, 0.125])),
+                                  causal=bool(rng.random() < 0.5)))
+        elif kind == "layernorm":
+            pool.append(g.layernorm(x, new_input((x.cols,), either()),
+                                    new_input((x.cols,), either())))
+        else:
+            pool.append(g.rmsnorm(x, new_input((x.cols,), either())))
+    produced = [t for t in pool if t.producer is not None]
+    outs = {produced[-1].index: produced[-1]}
+    for t in produced[:-1]:
+        if rng.random() < 0.3:
+            outs[t.index] = t
+    for i, t in enumerate(outs.values()):
+        g.output(t, f"out{i}")
+    return g
