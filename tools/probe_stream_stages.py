@@ -27,7 +27,8 @@ built twice: marked for the figures, plain (no marks) for the timing (CUDA event
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU, so a lease spends no time in NVRTC.
 
-    python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16] [--compile-only]
+    python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16]
+        [--parts 0 1 8] [--compile-only]
 """
 import argparse
 import statistics
@@ -36,6 +37,7 @@ import numpy as np
 
 import megak
 from megak.dtypes import numpy_dtype
+from megak.ops import gemm
 from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
@@ -115,6 +117,19 @@ CASES = [("4096x8-b16", 4096, 8, 16), ("4096x8-b64", 4096, 8, 64), ("8192x8-b16"
          ("1024x16-b16", 1024, 16, 16)]
 
 
+def compile_parts(g, hidden, parts):
+    """The chain compiled with every band split into `parts` k ranges (0: the rule's)."""
+    if not parts:
+        return megak.compile(g, backend="cuda")
+    rule = gemm.stream_split
+    per = -(-(-(-hidden // gemm.BOX_ROWS)) // parts)
+    gemm.stream_split = lambda *a: (-(-(-(-hidden // gemm.BOX_ROWS)) // per), per * gemm.BOX_ROWS)
+    try:
+        return megak.compile(g, backend="cuda")
+    finally:
+        gemm.stream_split = rule
+
+
 def marks_of(prog):
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
@@ -181,6 +196,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", nargs="*", default=list(VARIANTS))
     ap.add_argument("--cases", nargs="*", default=[c[0] for c in CASES])
+    ap.add_argument("--parts", nargs="*", type=int, default=[0],
+                    help="k parts per band (0: the lowering's rule)")
     ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
     if args.compile_only:
@@ -203,16 +220,16 @@ def main():
         for i in range(layers):
             inputs[f"w{i}"] = (rng.uniform(-1, 1, (hidden, hidden)).astype(np.float32)
                                * np.float32(0.03)).astype(bf16)
-        for v in args.variant:
+        for v, parts in [(v, p) for v in args.variant for p in args.parts]:
             use(v, False)
-            prog = megak.compile(g, backend="cuda")
+            prog = compile_parts(g, hidden, parts)
             b = Bench(prog)
             b.upload(**inputs)
             t = float(np.median(b.time_megakernel(reps=40)))
             b.close()
             prog.close()
             use(v, True)
-            prog = megak.compile(g, backend="cuda")
+            prog = compile_parts(g, hidden, parts)
             res = prog.run(**inputs)
             ref = inputs["x"].astype(np.float64)
             for i in range(layers):
@@ -223,7 +240,7 @@ def main():
             prog.run(**inputs)
             m, _ = marks_of(prog)
             a = analyse(m)
-            print(f"{name:12s} {v:8s} {t:8.1f} us  max|err| {err:.3g}  " +
+            print(f"{name:12s} {v:8s} parts {parts or 'rule'} {t:8.1f} us  max|err| {err:.3g}  " +
                   "  ".join(f"{k} {x:.3f}" for k, x in a.items()), flush=True)
             prog.close()
     compiler.device_source = _ORIGINAL
