@@ -352,13 +352,14 @@ class Program:
         self._executor.check_open()
         self._raise_sim_pending()
         handle = Handle(self, call, None, trace, out, None)
-        try:
-            handle._host = self._executor.run(call.arrays, call.slots, trace=trace)
-        except MegakernelError as exc:
-            handle._error = exc
-            self._sim_failed.append(handle)
-        if trace and handle._error is None:
-            self.last_trace = self._make_trace(self._executor.last_trace_events)
+        with self._executor.lock:     # this run's trace, not another thread's
+            try:
+                handle._host = self._executor.run(call.arrays, call.slots, trace=trace)
+            except MegakernelError as exc:
+                handle._error = exc
+                self._sim_failed.append(handle)
+            if trace and handle._error is None:
+                self.last_trace = self._make_trace(self._executor.last_trace_events)
         return handle
 
     def _raise_sim_pending(self) -> None:

@@ -36,6 +36,7 @@ transition has its own time and a consumer's wait always ends after its producer
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -144,6 +145,10 @@ class SimExecutor:
         self.last_peak_pages: list[int] = []
         self.last_page_intervals: list[list[tuple]] = []
         self.closed = False
+        # one run at a time: the counters, stamps and flagged tensors are the run's state,
+        # as the GPU's are (its executor serialises launches the same way); re-entrant so a
+        # caller can hold it across run() and its reading of last_trace_events
+        self.lock = threading.RLock()
 
     def _reset_counters(self) -> None:
         # a failed run leaves counters part-way: start the next one from zero, as the GPU does
@@ -166,6 +171,11 @@ class SimExecutor:
             trace: bool = False) -> dict[int, np.ndarray]:
         """Execute the plan; with ``trace``, ``self.last_trace_events`` holds one
         abi.TRACE_DTYPE record per instruction (queue order), in logical steps."""
+        with self.lock:
+            return self._run(inputs, outputs, trace)
+
+    def _run(self, inputs: dict[int, np.ndarray], outputs: list[int],
+             trace: bool) -> dict[int, np.ndarray]:
         self.check_open()
         plan = self.plan
         data = abi.encode(plan.instrs)          # execute the bytes, not the Python objects

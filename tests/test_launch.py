@@ -122,3 +122,25 @@ def test_a_closed_program_refuses_to_run_on_either_backend(backend, rng):
     with pytest.raises(megak.MegakernelError, match="closed"):
         pending.wait()
     prog.close()
+
+
+def test_runs_from_several_threads_are_each_correct(backend):
+    """One program called from 4 threads at once: runs are serialised where they share state
+    (the GPU executor's lock, the simulator's), each returns its own inputs' result."""
+    import threading
+    g = chain(2)
+    failures = []
+    with megak.compile(g, backend=backend, **opts(backend)) as prog:
+        def work(seed):
+            rng = np.random.default_rng(seed)
+            try:
+                for _ in range(10):
+                    check_graph(prog, g, rng, f"thread {seed}")
+            except Exception as exc:       # reported below, with the thread that saw it
+                failures.append((seed, exc))
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not failures, failures[:2]
