@@ -445,8 +445,8 @@ class Program:
         memory and its streams (otherwise freed when the Program is garbage collected); on
         "sim", nothing. Calling it again does nothing. A closed program raises
         MegakernelError if run or launched, on either backend, and so does the ``wait()``
-        of a launch not waited on before the close. A program served by an open resident kernel is not closed:
-        close that first (MegakernelError)."""
+        of a launch not waited on before the close. A program served by an open resident
+        kernel is not closed: close that first (MegakernelError)."""
         if self._resident is not None:
             raise MegakernelError("this program is served by an open resident kernel; close "
                                   "that first")
