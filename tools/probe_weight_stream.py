@@ -13,7 +13,9 @@ Modes: `sync` = the consumers of layer l + 1 wait until every SM finished layer 
 counter, what a dependent chain does) while the loader lane streams on; `a` = each warp also
 reads its k16 slice of a 16-row activation from L2 per page (a=1 just before the page, a=2
 four pages ahead in registers, a=3 as 2 but from one of 4 copies of the activation, chosen by
-the SM: a quarter of the SMs per L2 line); `wide` = that many adjacent 64-column boxes per
+the SM: a quarter of the SMs per L2 line, a=4 through a ring of 8 stages in shared memory that
+a second lane (warp 9) fills with TMA copies, layer l's once the grid barrier passed layer
+l - 1, every warp reading its slice with ldmatrix); `wide` = that many adjacent 64-column boxes per
 k-block (wider row segments in DRAM); `hint` = L2 evict-first on the weights; `cap` = the lane
 keeps at most that many copies in flight (it issues page p once page p - cap landed; 0: the
 ring is the only bound); `rows` = k-rows per box (128, 64 or 32): a page then holds 128 / rows
@@ -49,17 +51,23 @@ __device__ __forceinline__ bool mbar_try(u64* b, u32 par)
   : "=r"(ok) : "r"(sa(b)), "r"(par) : "memory"); return ok != 0; }
 __device__ __forceinline__ void mbar_wait(u64* b, u32 par) { while (!mbar_try(b, par)) {} }
 
-extern "C" __global__ void __launch_bounds__(288, 1)
+#define ADEPTH 8     /* a=4: stages of the activation ring (4 KiB each, 2 pages) */
+
+extern "C" __global__ void __launch_bounds__(320, 1)
 probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 layers, u32 K,
       u32 N, u32 R, u32 sync, u32 use_a, u32 hint, u32 wide, float* sink, u32 cap, u32 rows)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char* pages = (unsigned char*)(((unsigned long long)smem + 1023) & ~1023ull);
-    u64* full = (u64*)(pages + R * PAGE);
+    u64* full = (u64*)(pages + 13 * PAGE);
     u64* empty = full + 16;
+    u64* afull = empty + 16;
+    u64* aempty = afull + ADEPTH;
+    unsigned char* aring = pages + 11 * PAGE;   /* a=4 (R <= 11): its stages, 2 boxes each */
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
         for (u32 i = 0; i < R; ++i) { mbar_init(&full[i], 1); mbar_init(&empty[i], 8); }
+        for (u32 i = 0; i < ADEPTH; ++i) { mbar_init(&afull[i], 1); mbar_init(&aempty[i], 8); }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -69,6 +77,32 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
     const void* tmap = tmaps + 128 * (rows == 128 ? 0 : rows == 64 ? 1 : 2);
     const u32 g = gridDim.x, b = blockIdx.x;
     const u32 u0 = (u64)units * b / g, u1 = (u64)units * (b + 1) / g;
+#define KROW(u) ((((u) % (kblocks * wide)) / wide) * rows)
+    if (warp == 9) {   /* a=4: one lane copies each page's activation slice (TMA, 2 boxes of
+                          64 k x 16 rows, 128-B swizzle) into the A ring, layer l's once the
+                          grid barrier says layer l - 1 is done, as far ahead as the ring goes */
+        if (lane != 0 || use_a != 4) return;
+        const void* amap = tmaps + 3 * 128;
+        u32 apos = 0;
+        for (u32 l = 0; l < layers; ++l) {
+            if (sync && l > 0) {
+                u32 v; do { asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(grid_ctr)); } while (v < g * l);
+                asm volatile("fence.proxy.async.global;" ::: "memory");   /* generic -> TMA reads */
+            }
+            for (u32 u = u0; u < u1; ++u, ++apos) {
+                const u32 slot = apos % ADEPTH;
+                if (apos >= ADEPTH) mbar_wait(&aempty[slot], ((apos / ADEPTH) - 1) & 1);
+                mbar_expect(&afull[slot], 4096);
+                for (u32 j = 0; j < 2; ++j)
+                    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                 " [%0], [%1, {%2, %3}], [%4];"
+                                 :: "r"(sa(aring + slot * 4096 + j * 2048)), "l"(amap),
+                                    "r"((int)(KROW(u) + 64 * j)), "r"((int)(l * 16)),
+                                    "r"(sa(&afull[slot])) : "memory");
+            }
+        }
+        return;
+    }
     if (warp == 8) {
         if (lane != 0) return;
         u64 pol;
@@ -98,7 +132,6 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
     u32 a[4] = {0x3f803f80u, 0x3f803f80u, 0x3f803f80u, 0x3f803f80u};
     u32 ar[4][4];
     const int gq = lane >> 2, q = lane & 3;
-#define KROW(u) ((((u) % (kblocks * wide)) / wide) * rows)
     /* a=3: this SM's copy of the activation (4 copies, layers x 16 x K each) */
     const unsigned short* act_c = act + (use_a == 3 ? (u64)(b & 3) * layers * 16 * K : 0);
     const bool reads_a = 16 * warp < rows;   /* the page's k-rows: warps past them reuse a */
@@ -132,6 +165,17 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
                 for (int i = 0; i < 4; ++i) a[i] = t == 0 ? ar[0][i] : t == 1 ? ar[1][i] : t == 2 ? ar[2][i] : ar[3][i];
                 if (u + 4 < u1) { if (t == 0) LOADA(ar[0], l, u + 4); else if (t == 1) LOADA(ar[1], l, u + 4);
                                   else if (t == 2) LOADA(ar[2], l, u + 4); else LOADA(ar[3], l, u + 4); }
+            }
+            if (use_a == 4) {   /* this warp's k16 slice: box w / 4, chunks 2 (w % 4), + 1 */
+                const u32 as = pos % ADEPTH;
+                mbar_wait(&afull[as], (pos / ADEPTH) & 1);
+                const u32 r = lane & 15, chunk = 2 * (warp & 3) + (lane >> 4);
+                const u32 addr = sa(aring + as * 4096 + (warp >> 2) * 2048) + 128 * r +
+                                 ((chunk ^ (r & 7)) << 4);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(addr));
+                __syncwarp();
+                if (lane == 0) mbar_arrive(&aempty[as]);
             }
             mbar_wait(&full[slot], (pos / R) & 1);
             const u32 base = sa(pages + slot * PAGE);
@@ -193,9 +237,9 @@ def main(shapes: bool = False):
     mem.memset32(act.ptr, 0x3F803F80, 4 * layers * 16 * K // 2, h)
     T = drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 
-    def encode(box_rows):
+    def encode(box_rows, ptr=w.ptr, cols=N, rows=layers * K):
         tm = check(drv.cuTensorMapEncodeTiled(
-            T, 2, w.ptr, [drv.cuuint64_t(N), drv.cuuint64_t(layers * K)], [drv.cuuint64_t(N * 2)],
+            T, 2, ptr, [drv.cuuint64_t(cols), drv.cuuint64_t(rows)], [drv.cuuint64_t(cols * 2)],
             [drv.cuuint32_t(64), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
             drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
@@ -203,14 +247,17 @@ def main(shapes: bool = False):
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
         return np.array([int(x) for x in tm.opaque], dtype=np.uint64)
 
-    tmap = m.device(3 * 128, "tmaps")   # boxes of 128, 64 and 32 k-rows
-    staging = m.pinned(3 * 128, "tmap staging")
-    staging.array(np.uint64, (48,))[:] = np.concatenate([encode(r) for r in (128, 64, 32)])
-    mem.htod(tmap.ptr, staging.ptr, 3 * 128, h)
+    # the weights in boxes of 128, 64 and 32 k-rows; the activation (a=4) in boxes of 16 rows
+    tmap = m.device(4 * 128, "tmaps")
+    staging = m.pinned(4 * 128, "tmap staging")
+    staging.array(np.uint64, (64,))[:] = np.concatenate(
+        [encode(r) for r in (128, 64, 32)] + [encode(16, act.ptr, K, layers * 16)])
+    mem.htod(tmap.ptr, staging.ptr, 4 * 128, h)
     check(drv.cuStreamSynchronize(h), "sync")
     start, end = (check(drv.cuEventCreate(0), "event") for _ in range(2))
 
     def run(R, sync, use_a, hint, wide=1, cap=0, rows=128):
+        assert use_a != 4 or (R <= 11 and rows == 128), "a=4: the A ring takes pages 11-12"
         mem.memset32(ctr.ptr, 0, 16, h)
         vals = [ctypes.c_uint64(tmap.ptr), ctypes.c_uint64(act.ptr), ctypes.c_uint64(ctr.ptr),
                 ctypes.c_uint32(layers), ctypes.c_uint32(K), ctypes.c_uint32(N),
@@ -219,7 +266,7 @@ def main(shapes: bool = False):
                 ctypes.c_uint32(cap), ctypes.c_uint32(rows)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         check(drv.cuEventRecord(start, h), "record")
-        check(drv.cuLaunchCooperativeKernel(func, n_sm, 1, 1, 288, 1, 1, smem, h,
+        check(drv.cuLaunchCooperativeKernel(func, n_sm, 1, 1, 320, 1, 1, smem, h,
                                             ctypes.addressof(argv)), "launch")
         check(drv.cuEventRecord(end, h), "record")
         check(drv.cuEventSynchronize(end), "event sync")
@@ -232,7 +279,7 @@ def main(shapes: bool = False):
         for R in (8, 10):
             for cap in (0, 3, 4, 6):
                 for rows in (128, 64, 32):
-                    for use_a in (0, 2, 3):
+                    for use_a in (0, 2, 3, 4) if rows == 128 else (0, 2, 3):
                         ts = [run(R, 1, use_a, 1, 1, cap, rows) for _ in range(6)][1:]
                         t = statistics.median(ts)
                         print(f"R={R:2d} cap={cap} rows={rows:3d} a={use_a}: {t:7.1f} us "
