@@ -208,7 +208,7 @@ class SimExecutor:
             self._reset_counters()
             raise_for_status(stop.fields, stop.states, plan.op_labels, plan.instrs,
                              plan.queue_start, backend="sim")
-        except MegakernelError:
+        except BaseException:        # a failure, or an interrupt part-way (Ctrl-C)
             self._reset_counters()
             raise
         self.epoch += 1
