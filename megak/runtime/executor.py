@@ -1219,9 +1219,22 @@ class CudaExecutor:
             pass
 
     def _shutdown_now(self) -> None:
+        # Nothing may read the freed memory afterwards: the bound calls' tensor tables go (a
+        # bound call of the closed program takes the checked path, which raises "closed"),
+        # and the host view is read from a host copy (done() and check() of a closed
+        # executor), one that counts every launch finished: freeing device memory waits for
+        # the work that uses it.
+        for b in self._bindings.values():
+            b.live = False
+        self._bindings = {}
         if self._finalizer is not None:
             if self._finalizer.alive and not self._state["broken"] and not self._state["dead"]:
-                self._drain_quietly()
+                # every launch still in flight, on whichever stream it went, ends first
+                busy = {id(h): h for t, h in self._stream_of.items() if not self._host.done(t)}
+                for h in [self._h, *busy.values()]:
+                    self._drain_quietly(h)
+            if self._finalizer.alive:
+                self._host = self._host.detached(self._ticket)
             self._finalizer()
         else:  # failed during construction, before the finalizer was armed
             _shutdown(self._state, self._memory, self._streams)

@@ -95,6 +95,15 @@ class HostView:
     def done(self, ticket: int) -> bool:
         return ((self.words[self._TICKET] - ticket) & 0xFFFFFFFF) < 0x80000000
 
+    def detached(self, last_ticket: int) -> "HostView":
+        """A copy in host memory, for when the mapped memory is about to be freed: what it
+        held (an error not yet reported included), with every launch up to last_ticket
+        finished."""
+        copy = HostView(self.view.copy(), self.sm_states.copy())
+        copy.view["ticket_done"] = last_ticket
+        copy.reported = self.reported
+        return copy
+
     def error_pending(self) -> bool:
         return self.words[self._ERRORS] != self.reported
 

@@ -251,3 +251,27 @@ def test_an_output_that_is_an_input_given_as_a_gpu_tensor(gen):
         assert out["same"].device.type == "cuda" and out["same"].data_ptr() != t.data_ptr()
         torch.testing.assert_close(out["same"], t, rtol=0, atol=0)
         torch.testing.assert_close(out["y"], t, rtol=0, atol=0)
+
+
+def test_a_closed_program_with_bound_tensors_raises_and_reads_no_freed_memory(gen):
+    """A call bound to its tensors (the fast path) of a closed program must not launch on the
+    freed tensor table, nor may done() or check() read the freed host view: run and launch
+    raise "closed", a launch made before the close counts as finished and its wait raises."""
+    g = chain_graph()
+    prog = megak.compile(g, backend="cuda")
+    inputs = tensors(g, gen)
+    y = poisoned(g)
+    for _ in range(2):   # the second call takes the bound path
+        prog.run(**inputs, out={"y": y})
+    check(g, inputs, y, "before close")
+    pending = prog.launch(**inputs, out={"y": y})
+    prog.close()
+    for call in (prog.run, prog.launch):
+        with pytest.raises(megak.MegakernelError, match="closed"):
+            call(**inputs, out={"y": y})
+    assert pending.done()
+    with pytest.raises(megak.MegakernelError, match="closed"):
+        pending.wait()
+    prog.check()       # nothing pending: the runs before the close succeeded
+    torch.cuda.synchronize()
+    check(g, inputs, y, "the launch before close ran to its end")

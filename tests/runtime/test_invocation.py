@@ -149,3 +149,22 @@ def test_a_host_that_skips_the_check_still_sees_the_error_later():
         dev.invocation(t, rng)
     assert dev.host.done(1) and dev.host.error_pending()
     assert dev.host.take_error()[2] == 1
+
+
+def test_a_detached_host_view_keeps_its_error_and_counts_every_launch_finished(rng):
+    """What a closed executor reads instead of freed mapped memory: a copy in host memory
+    with every launch up to the last finished, and the error it held still unreported."""
+    dev = Device(n_sm=3)
+    dev.invocation(1, rng)
+    dev.invocation(2, rng, fail_sm=1)
+    assert dev.host.error_pending() and not dev.host.done(3)
+    copy = dev.host.detached(last_ticket=5)
+    assert copy.done(5) and copy.done(4) and not copy.done(6)
+    assert copy.error_pending()
+    record, states, ticket, missed = copy.take_error()
+    assert ticket == 2 and missed == 1 and states[1]["error"] == TIMEOUT
+    assert not copy.error_pending()
+    # the original is untouched (its memory is about to go; nothing reads it after)
+    assert dev.host.error_pending() and not dev.host.done(3)
+    dev.view["ticket_done"] = 0
+    assert copy.done(5)
