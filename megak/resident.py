@@ -234,9 +234,12 @@ class Resident:
         ticket, s = request._ticket, request._seq
         if ex.done_soon(ticket):      # a short request ends here
             return ex.finish_request(ticket)
+        with self._lock:
+            self._raise_if_gone(ex, ticket)
 
         def follow() -> None:
             with self._lock:
+                self._raise_if_gone(ex, ticket)
                 kernel.kick()
                 kernel._check_stream("running a resident request")
                 if not kernel.served(s) and not ex.done(ticket):
@@ -252,8 +255,20 @@ class Resident:
         if ex.done(request._ticket):
             return True
         with self._lock:
+            if self._closed:       # the kernel has left (its memory is freed): it never will
+                return True
             self._kernel.kick()
             return not self._kernel.served(request._seq)
+
+    def _raise_if_gone(self, ex, ticket: int) -> None:
+        """A request still not done once the kernel was closed never runs: close() waited
+        for every request the kernel would still serve, then freed what it used (nothing
+        of it may be read after)."""
+        if self._closed and not ex.done(ticket):
+            stopped = self._kernel.stopped
+            why = f"stopped ({stopped[0]})" if stopped is not None else "was closed"
+            raise MegakernelError(f"cuda: this request was not run: the resident kernel "
+                                  f"{why} before it")
 
 
 class Request:

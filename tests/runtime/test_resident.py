@@ -207,12 +207,13 @@ def test_a_failed_request_stops_it_cleanly(rng, fault):
         else:
             ins["opcode"][0] = 0xFFFF                   # no such op
         bad._executor.reload_queues()
-        cases = [Case(g, rng) for _ in range(3)]
+        cases = [Case(g, rng) for _ in range(4)]
         torch.cuda.synchronize()
         with megak.resident(good, bad) as r:
             h1 = r.submit(good, out={"y": cases[0].y}, **cases[0].inputs)
             h2 = r.submit(bad, out={"y": cases[1].y}, **cases[1].inputs)
             h3 = r.submit(good, out={"y": cases[2].y}, **cases[2].inputs)
+            h4 = r.submit(good, out={"y": cases[3].y}, **cases[3].inputs)
             h1.wait()
             cases[0].check("the request before the failure")
             error = megak.MegakernelHang if fault == "hang" else megak.MegakernelError
@@ -223,6 +224,10 @@ def test_a_failed_request_stops_it_cleanly(rng, fault):
                 h3.wait()
             with pytest.raises(megak.MegakernelError, match="stopped"):
                 r.submit(good, out={"y": cases[2].y}, **cases[2].inputs)
+        # a request first asked about after the close (the kernel's memory is freed by then)
+        assert h4.done()
+        with pytest.raises(megak.MegakernelError, match="not run"):
+            h4.wait()
         # the GPU and both programs stay usable
         cases[2].poison()
         good.run(out={"y": cases[2].y}, **cases[2].inputs)
