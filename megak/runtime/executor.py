@@ -610,7 +610,8 @@ class CudaExecutor:
             if self.plan.n_sm != self._grid:
                 raise MegakernelError(f"reload_queues(): plan.n_sm changed from {self._grid} "
                                       f"to {self.plan.n_sm}; build a new executor")
-            self._wait_stream("finishing earlier runs")
+            for h in self._launch_streams():   # no launch reads the queues as they change
+                self._wait_stream("finishing earlier runs", h)
             self._write_queues()
             self._write_params()
             self._find_wgmma_only()
@@ -1210,6 +1211,13 @@ class CudaExecutor:
         if self._memory is not None:
             self._memory.abandon()
 
+    def _launch_streams(self) -> list:
+        """The executor's stream, and every other stream a launch not yet finished went to
+        (a caller's torch or cupy stream)."""
+        busy = {id(h): h for t, h in self._stream_of.items()
+                if h is not self._h and not self._host.done(t)}
+        return [self._h, *busy.values()]
+
     def _drain_quietly(self, h=None) -> None:
         """After a failure while enqueuing: let queued copies finish before staging is reused."""
         try:
@@ -1229,9 +1237,7 @@ class CudaExecutor:
         self._bindings = {}
         if self._finalizer is not None:
             if self._finalizer.alive and not self._state["broken"] and not self._state["dead"]:
-                # every launch still in flight, on whichever stream it went, ends first
-                busy = {id(h): h for t, h in self._stream_of.items() if not self._host.done(t)}
-                for h in [self._h, *busy.values()]:
+                for h in self._launch_streams():   # every launch in flight ends first
                     self._drain_quietly(h)
             if self._finalizer.alive:
                 self._host = self._host.detached(self._ticket)

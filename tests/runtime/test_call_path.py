@@ -275,3 +275,22 @@ def test_a_closed_program_with_bound_tensors_raises_and_reads_no_freed_memory(ge
     prog.check()       # nothing pending: the runs before the close succeeded
     torch.cuda.synchronize()
     check(g, inputs, y, "the launch before close ran to its end")
+
+
+def test_reloading_the_queues_waits_for_launches_on_other_streams(gen):
+    """A launch queued on a caller's stream behind other work still runs the queues it was
+    launched with: reload_queues waits for it (before, only for the executor's own stream,
+    so its upload could overtake the launch)."""
+    g = chain_graph()
+    with megak.compile(g, backend="cuda", timeout_s=0.5) as prog:
+        inputs = tensors(g, gen)
+        y = poisoned(g)
+        prog.run(**inputs, out={"y": y})
+        y.fill_(float("nan"))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(100_000_000)    # tens of ms of GPU time before the launch
+            pending = prog.launch(**inputs, out={"y": y})
+        with planted_hang(prog):              # new queues: they would hang that launch
+            pending.wait()
+        check(g, inputs, y, "the launch queued before the reload")
