@@ -107,6 +107,28 @@ def check_device_array(arr: DeviceArray, name: str, shape, dtype: str, device: i
                          f"row-major with unit column stride; pass a .contiguous() tensor")
 
 
+def overlaps(a: DeviceArray, b: DeviceArray) -> bool:
+    """Whether two row-major GPU arrays (each row `cols` elements, rows `row_stride()` apart,
+    as check_device_array accepts them) share a byte: exact, so views of one buffer that
+    interleave without touching (the two halves of its columns) do not count."""
+    if a.device != b.device:
+        return False
+
+    def rows(x: DeviceArray):
+        item = ITEMSIZE[x.dtype]
+        n = x.shape[0] if len(x.shape) == 2 else 1
+        starts = x.ptr + np.arange(n, dtype=np.int64) * (x.row_stride() * item)
+        return starts, starts + x.shape[-1] * item
+
+    a_start, a_end = rows(a)
+    b_start, b_end = rows(b)
+    # b's rows are disjoint and in address order: of those starting before a row of a ends,
+    # only the last can reach into that row
+    last = np.searchsorted(b_start, a_end, side="left") - 1
+    hit = last >= 0
+    return bool((b_end[last[hit]] > a_start[hit]).any())
+
+
 def empty(kind: str, like: DeviceArray | None, shape, dtype: str):
     """A new output array of `kind` (on like's device for GPU kinds)."""
     if kind == "torch":

@@ -133,9 +133,10 @@ class Program:
             "cuda" backend (zero-copy; row-major with unit column stride, rows may be
             padded); the simulator copies them to the host.
         out: a dict of output name -> array to write that output into, with the output's
-            shape and dtype, writable, no two sharing memory: a numpy array or a torch /
-            cupy tensor (the "cuda" backend writes GPU ones in place, and their rows may be
-            padded; other GPU arrays only there). The returned dict holds that same object.
+            shape and dtype, writable, no two sharing memory, and a GPU array sharing none
+            with a GPU input (it is written while the inputs are read): a numpy array or a
+            torch / cupy tensor (the "cuda" backend writes GPU ones in place, and their rows
+            may be padded; other GPU arrays only there). The returned dict holds that same object.
             Outputs not named get new arrays.
         stream: the CUDA stream to run on (anything with ``__cuda_stream__``, a torch or
             cupy stream, an int handle). By default torch's current stream when torch
@@ -290,6 +291,7 @@ class Program:
         out = dict(out) if isinstance(out, Mapping) else out
         targets = self._check_out(out, device)
         arrays, external, kinds, on_gpu = {}, {}, set(), False
+        gpu_inputs = {}
         for name, value in inputs.items():
             shape, dtype = plan.input_shapes[name]
             slot = plan.tensors[plan.inputs[name]]
@@ -298,12 +300,14 @@ class Program:
             if isinstance(desc, interop.DeviceArray):
                 on_gpu = True
                 interop.check_device_array(desc, name, shape, dtype, device)
+                gpu_inputs[name] = desc
                 if self.backend == "cuda":
                     external[slot.slot] = desc
                     continue
                 desc = interop.to_host(desc)
             arrays[slot.slot] = self._host_input(name, desc, shape, dtype, slot)
         kind = "torch" if "torch" in kinds else "cupy" if "cupy" in kinds else "numpy"
+        self._check_no_alias(targets, gpu_inputs)
 
         # outputs written in place: caller-provided ones, and new ones of the inputs' kind
         in_place: dict[str, tuple] = {}     # output name -> ("out", None) or ("new", array)
@@ -371,10 +375,29 @@ class Program:
     def _writes_in_place(self, name: str) -> bool:
         """Whether the megakernel can write output `name` straight into a GPU array: only
         on the GPU, and only for a tensor that is neither an input nor another output."""
+        return self.backend == "cuda" and self._written_directly(name)
+
+    def _written_directly(self, name: str) -> bool:
+        """Whether output `name` is a tensor of its own that the ops write (not an input,
+        not shared with another output): the GPU writes it in place into a GPU out= array."""
         plan = self.plan
         slot = plan.outputs[name]
         sharing = sum(1 for s in plan.outputs.values() if s == slot)
-        return self.backend == "cuda" and sharing == 1 and plan.tensors[slot].kind != "input"
+        return sharing == 1 and plan.tensors[slot].kind != "input"
+
+    def _check_no_alias(self, targets: dict, gpu_inputs: dict) -> None:
+        """GraphError for a GPU out= array that shares memory with a GPU input: the GPU
+        writes it in place while other instructions still read the input, so the result
+        would depend on timing. Raised on both backends (the simulator copies both and would
+        not show it), so code tested there fails the same way on the GPU."""
+        for name, target in targets.items():
+            if not (isinstance(target, interop.DeviceArray) and self._written_directly(name)):
+                continue
+            for source, desc in gpu_inputs.items():
+                if interop.overlaps(target, desc):
+                    raise GraphError(f"run(out=...): output {name!r} shares memory with input "
+                                     f"{source!r}; megak reads its inputs while it writes "
+                                     f"its outputs, so give the output memory of its own")
 
     def _check_out(self, out, device: int | None) -> dict:
         """``out`` as output name -> numpy array or DeviceArray, after every check that

@@ -101,6 +101,27 @@ def test_torch_gpu_bad_inputs_are_graph_errors(rng):
 
 
 @pytest.mark.gpu
+def test_torch_gpu_out_sharing_memory_with_an_input(rng):
+    """An out= tensor overlapping an input is refused; views of one buffer that share no
+    byte (an input in the left columns, the output in the right ones) run and are right."""
+    torch = pytest.importorskip("torch")
+    g = megak.Graph()
+    x = g.input("x", (64, 32))
+    g.output(g.gemm(x, g.input("w", (32, 32))), "y")
+    prog = megak.compile(g, backend="cuda")
+    host = numpy_inputs(g, rng)
+    buf = torch.full((64, 64), float("nan"), device="cuda")
+    buf[:, :32] = torch.from_numpy(host["x"]).cuda()
+    w = torch.from_numpy(host["w"]).cuda()
+    with pytest.raises(GraphError, match="shares memory with input 'x'"):
+        prog.run(x=buf[:, :32], w=w, out={"y": buf[:, 16:48]})
+    prog.run(x=buf[:, :32], w=w, out={"y": buf[:, 32:]})
+    env = evaluate(g, host)
+    assert_close(buf[:, 32:].cpu().numpy(), *env[g.outputs["y"].index], "right half")
+    assert torch.equal(buf[:, :32].cpu(), torch.from_numpy(host["x"]))
+
+
+@pytest.mark.gpu
 def test_cupy_and_cuda_array_interface(rng):
     cupy = pytest.importorskip("cupy")
     g = graph()
@@ -118,3 +139,60 @@ def test_cupy_and_cuda_array_interface(rng):
     out = cupy.full((130, 33), cupy.nan, dtype=cupy.float32)
     res = prog.run(out={"y": Wrapped(out)}, **{k: Wrapped(v) for k, v in arrs.items()})
     check(g, host, out.get(), "cuda array interface")
+
+
+def test_overlap_of_gpu_arrays_is_exact(rng):
+    """interop.overlaps against a byte-by-byte answer, on random row-major views of one
+    buffer (interleaved column halves share no byte and must not count)."""
+    from megak.interop import DeviceArray, overlaps
+
+    def view(offset, rows, cols, ld, dtype="float32", device=0):
+        shape, strides = ((rows, cols), (ld, 1)) if rows else ((cols,), (1,))
+        return DeviceArray(None, "cuda", (1 << 20) + offset, shape, strides, dtype, device)
+
+    def bytes_of(x):
+        item = 4 if x.dtype == "float32" else 2
+        n = x.shape[0] if len(x.shape) == 2 else 1
+        return {x.ptr + item * (i * x.row_stride() + j) + k for i in range(n)
+                for j in range(x.shape[-1]) for k in range(item)}
+
+    left, right = view(0, 8, 32, 64), view(32 * 4, 8, 32, 64)
+    assert not overlaps(left, right) and overlaps(left, view(0, 8, 64, 64))
+    assert not overlaps(left, view(0, 8, 32, 64, device=1))
+    for _ in range(2000):
+        a, b = (view(2 * int(rng.integers(0, 80)), int(rng.integers(0, 5)),
+                     int(rng.integers(1, 9)), 9 + int(rng.integers(0, 4)),
+                     "float32" if rng.random() < 0.5 else "bfloat16") for _ in range(2))
+        truth = bool(bytes_of(a) & bytes_of(b))
+        assert overlaps(a, b) == truth == overlaps(b, a), (a, b)
+
+
+def test_an_out_array_sharing_memory_with_an_input_is_refused(monkeypatch, rng):
+    """A GPU out= array the GPU would write in place while another instruction reads the
+    input it overlaps: refused before anything runs, on the simulator as on the GPU (here
+    with stand-ins for torch GPU tensors: the simulator would copy both and not show it)."""
+    from megak import interop
+    from megak.interop import DeviceArray
+
+    class Gpu:   # a torch GPU tensor as far as megak's checks go: an address and a layout
+        def __init__(self, ptr, values):
+            self.values = values
+            self.desc = DeviceArray(self, "torch", ptr, values.shape,
+                                    (values.shape[1], 1), "float32", 0)
+
+    real_describe, real_kind = interop.describe, interop.kind_of
+    monkeypatch.setattr(interop, "kind_of",
+                        lambda o: "torch" if isinstance(o, Gpu) else real_kind(o))
+    monkeypatch.setattr(interop, "describe",
+                        lambda o: o.desc if isinstance(o, Gpu) else real_describe(o))
+    monkeypatch.setattr(interop, "to_host", lambda d: d.obj.values)
+    g = megak.Graph()
+    x = g.input("x", (8, 16))
+    g.output(g.gemm(x, g.input("w", (16, 16))), "y")
+    prog = megak.compile(g, backend="sim", n_sm=2)
+    values = rng.uniform(-1, 1, (8, 16)).astype(np.float32)
+    w = rng.uniform(-1, 1, (16, 16)).astype(np.float32)
+    with pytest.raises(GraphError, match="'y' shares memory with input 'x'"):
+        prog.run(x=Gpu(1 << 20, values), w=w, out={"y": Gpu(1 << 20, values)})
+    with pytest.raises(GraphError, match="shares memory"):       # the last row overlaps
+        prog.run(x=Gpu(1 << 20, values), w=w, out={"y": Gpu((1 << 20) - 7 * 64 + 4, values)})
