@@ -239,7 +239,9 @@ class Resident:
 
         def follow() -> None:
             with self._lock:
-                self._raise_if_gone(ex, ticket)
+                if self._closed:     # (closed while this waited) nothing of the kernel is left
+                    self._raise_if_gone(ex, ticket)
+                    return           # to follow: done, as the spin will see
                 kernel.kick()
                 kernel._check_stream("running a resident request")
                 if not kernel.served(s) and not ex.done(ticket):
@@ -263,7 +265,7 @@ class Resident:
     def _raise_if_gone(self, ex, ticket: int) -> None:
         """A request still not done once the kernel was closed never runs: close() waited
         for every request the kernel would still serve, then freed what it used (nothing
-        of it may be read after)."""
+        of it may be read after). The caller holds the lock."""
         if self._closed and not ex.done(ticket):
             stopped = self._kernel.stopped
             why = f"stopped ({stopped[0]})" if stopped is not None else "was closed"
