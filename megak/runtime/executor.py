@@ -811,18 +811,29 @@ class CudaExecutor:
         raise its error (or an earlier unreported one); return its numpy outputs."""
         with self._lock:
             self._check_usable()
-            outputs, trace, ready = self._pending.pop(ticket, ([], False, None))
-            h = self._stream_of.pop(ticket, self._h)
-            self._wait_ticket(ticket, h, "running the megakernel")
-            if ready is None and (outputs or trace):
-                self._wait_stream("reading results back", h)
-                ready = self._copy_out(outputs, trace)
+            outputs, trace, ready = self._pending.get(ticket, ([], False, None))
+            h = self._stream_of.get(ticket, self._h)
+            try:
+                self._wait_ticket(ticket, h, "running the megakernel")
+                if ready is None and (outputs or trace):
+                    self._wait_stream("reading results back", h)
+                    ready = self._copy_out(outputs, trace)
+            except Exception:
+                self._forget(ticket)     # a failed wait: nothing of that run is read again
+                raise
+            # (an interrupt above, KeyboardInterrupt, leaves the launch as it was: a later
+            # wait finishes it and still gets its results)
+            self._forget(ticket)
             if trace:   # kept after a failed run too: the partial timeline shows where it stopped
                 self.last_trace_events = ready[1]
             self._raise_pending()
             self.last_status = {"error": abi.ERRORS["MK_OK"],
                                 "finished_blocks": self._n_active}
             return ready[0] if ready is not None else {}
+
+    def _forget(self, ticket: int) -> None:
+        self._pending.pop(ticket, None)
+        self._stream_of.pop(ticket, None)
 
     def _copy_out(self, outputs, trace: bool) -> tuple[dict, np.ndarray | None]:
         """A finished launch's numpy outputs (and trace) out of the shared staging."""

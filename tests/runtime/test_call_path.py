@@ -294,3 +294,24 @@ def test_reloading_the_queues_waits_for_launches_on_other_streams(gen):
         with planted_hang(prog):              # new queues: they would hang that launch
             pending.wait()
         check(g, inputs, y, "the launch queued before the reload")
+
+
+def test_a_wait_interrupted_can_be_waited_again(gen, monkeypatch):
+    """Ctrl-C during a wait (KeyboardInterrupt from the spin) loses nothing: the launch stays
+    pending, and the next wait() returns its results (numpy ones too, read back then)."""
+    g = chain_graph()
+    with megak.compile(g, backend="cuda") as prog:
+        inputs = tensors(g, gen)
+        host = {k: v.cpu().numpy() for k, v in inputs.items()}
+        ex = prog._executor
+        real = ex._wait_ticket
+
+        def interrupted(*args):
+            monkeypatch.setattr(ex, "_wait_ticket", real)   # once
+            raise KeyboardInterrupt
+        monkeypatch.setattr(ex, "_wait_ticket", interrupted)
+        h = prog.launch(**host)                              # numpy in and out
+        with pytest.raises(KeyboardInterrupt):
+            h.wait()
+        y = h.wait()["y"]
+        check(g, inputs, torch.from_numpy(y), "the interrupted launch's result")
