@@ -59,14 +59,7 @@ def random_graph(seed: int) -> megak.Graph:
             pool.append(g.layernorm(x, new_vector(x.cols), new_vector(x.cols)))
         else:
             pool.append(g.rmsnorm(x, new_vector(x.cols)))
-    produced = [t for t in pool if t.producer is not None]
-    outs = {produced[-1].index: produced[-1]}
-    for t in produced[:-1]:
-        if rng.random() < 0.3:
-            outs[t.index] = t
-    for i, t in enumerate(outs.values()):
-        g.output(t, f"out{i}")
-    return g
+    return _with_outputs(g, pool, rng)
 
 
 # bf16 graphs: shapes around the GEMM paths' edges (<= 64 rows with weights as inputs: the
@@ -83,13 +76,9 @@ def random_bf16_graph(seed: int) -> megak.Graph:
     rng = np.random.default_rng(seed)
     g = megak.Graph()
     pool = []
-    n_inputs = 0
 
     def new_input(shape, dtype):
-        nonlocal n_inputs
-        t = g.input(f"in{n_inputs}", tuple(int(d) for d in shape), dtype)
-        n_inputs += 1
-        return t
+        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), dtype)
 
     def either():
         return "bfloat16" if rng.random() < 0.6 else "float32"
@@ -126,6 +115,11 @@ def random_bf16_graph(seed: int) -> megak.Graph:
                                     new_input((x.cols,), either())))
         else:
             pool.append(g.rmsnorm(x, new_input((x.cols,), either())))
+    return _with_outputs(g, pool, rng)
+
+
+def _with_outputs(g: megak.Graph, pool: list, rng) -> megak.Graph:
+    """The last op's result as an output, and each other op's with probability 0.3."""
     produced = [t for t in pool if t.producer is not None]
     outs = {produced[-1].index: produced[-1]}
     for t in produced[:-1]:

@@ -11,54 +11,38 @@ import megak
 from tests.random_dags import random_bf16_graph, random_graph
 from tests.reference import assert_close, check_graph, evaluate, random_inputs
 
-CPU_SEEDS = range(200)
-GPU_SEEDS = range(120)
+# kind -> (graph maker, simulator seeds, GPU seeds, input seed offsets (simulator, GPU))
+KINDS = {"fp32": (random_graph, range(200), range(120), (1000, 2000)),
+         "bf16": (random_bf16_graph, range(300), range(60), (3000, 4000))}
 
 
-@pytest.mark.parametrize("seed", CPU_SEEDS)
-def test_random_dag_on_simulator(seed):
-    g = random_graph(seed)
+def cases(which: int):
+    return [(kind, seed) for kind, spec in KINDS.items() for seed in spec[which]]
+
+
+@pytest.mark.parametrize("kind, seed", cases(1))
+def test_random_dag_on_simulator(kind, seed):
+    make, _, _, (offset, _) = KINDS[kind]
+    g = make(seed)
     n_sm = [1, 2, 3, 8, 132][seed % 5]
     order = "random" if seed % 2 else "round_robin"
     prog = megak.compile(g, backend="sim", n_sm=n_sm, order=order, seed=seed)
-    check_graph(prog, g, np.random.default_rng(1000 + seed), f"seed {seed}")
+    check_graph(prog, g, np.random.default_rng(offset + seed), f"{kind} seed {seed}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seed", GPU_SEEDS)
-def test_random_dag_on_gpu_matches_simulator_and_float64(seed):
-    g = random_graph(seed)
-    inputs = random_inputs(g, np.random.default_rng(2000 + seed))
+@pytest.mark.parametrize("kind, seed", cases(2))
+def test_random_dag_on_gpu_matches_simulator_and_float64(kind, seed):
+    make, _, _, (_, offset) = KINDS[kind]
+    g = make(seed)
+    inputs = random_inputs(g, np.random.default_rng(offset + seed))
     gpu = megak.compile(g, backend="cuda").run(**inputs)
     sim = megak.compile(g, backend="sim", order="random", seed=seed).run(**inputs)
     env = evaluate(g, inputs)
     for name, t in g.outputs.items():
         value, bound = env[t.index]
-        assert_close(gpu[name], value, bound, f"seed {seed} cuda {name}")
-        # two fp32 results, each within `bound` of the exact value
+        what = f"{kind} seed {seed}"
+        assert_close(gpu[name], value, bound, f"{what} cuda {name}", t.dtype)
+        # two results, each within `bound` of the exact value
         assert_close(gpu[name], sim[name].astype(np.float64), 2 * bound,
-                     f"seed {seed} cuda vs sim {name}")
-
-
-@pytest.mark.parametrize("seed", range(300))
-def test_random_bf16_dag_on_simulator(seed):
-    g = random_bf16_graph(seed)
-    n_sm = [1, 2, 3, 8, 132][seed % 5]
-    order = "random" if seed % 2 else "round_robin"
-    prog = megak.compile(g, backend="sim", n_sm=n_sm, order=order, seed=seed)
-    check_graph(prog, g, np.random.default_rng(3000 + seed), f"bf16 seed {seed}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("seed", range(60))
-def test_random_bf16_dag_on_gpu_matches_simulator_and_float64(seed):
-    g = random_bf16_graph(seed)
-    inputs = random_inputs(g, np.random.default_rng(4000 + seed))
-    gpu = megak.compile(g, backend="cuda").run(**inputs)
-    sim = megak.compile(g, backend="sim", order="random", seed=seed).run(**inputs)
-    env = evaluate(g, inputs)
-    for name, t in g.outputs.items():
-        value, bound = env[t.index]
-        assert_close(gpu[name], value, bound, f"bf16 seed {seed} cuda {name}", t.dtype)
-        assert_close(gpu[name], sim[name].astype(np.float64), 2 * bound,
-                     f"bf16 seed {seed} cuda vs sim {name}", t.dtype)
+                     f"{what} cuda vs sim {name}", t.dtype)
