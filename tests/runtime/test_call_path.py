@@ -288,6 +288,7 @@ def test_reloading_the_queues_waits_for_launches_on_other_streams(gen):
         prog.run(**inputs, out={"y": y})
         y.fill_(float("nan"))
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())   # after the fill above
         with torch.cuda.stream(side):
             torch.cuda._sleep(100_000_000)    # tens of ms of GPU time before the launch
             pending = prog.launch(**inputs, out={"y": y})
