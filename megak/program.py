@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping
 
@@ -111,6 +112,8 @@ class Program:
         self.stats = Stats(scheduler.stats(plan))
         self.last_trace: Trace | None = None
         self._calls: OrderedDict = OrderedDict()   # call key -> checked _Call (GPU tensors)
+        self._output_names = tuple(plan.outputs)
+        self._input_of_slot = {slot: name for name, slot in plan.inputs.items()}
         self._sim_failed: list[Handle] = []         # simulator runs whose error is unreported
         self._resident = None      # the open megak.Resident serving this program, if any
         executor_keywords = dataclasses.asdict(self.options)
@@ -164,9 +167,9 @@ class Program:
                 h = (interop.current_stream(call.kind, ex.ordinal) if stream is None
                      else interop.stream_handle(stream))
                 ex.run_bound(call.binding, h)
-                if call.results is not None:
-                    return dict(call.results)
-                return self._finish(call, {}, out)
+                if call.all_out:     # out names every output, and nothing else
+                    return dict(out)
+                return self._finish(call, {}, out, inputs)
         return self.launch(out=out, stream=stream, _trace=trace, **inputs).wait()
 
     def launch(self, *, out: dict | None = None, stream=None, _trace: bool = False,
@@ -211,15 +214,27 @@ class Program:
         return Handle(self, call, ticket, _trace, out, inputs)
 
     def _remember(self, key, call: "_Call", binding, inputs: dict, out: dict) -> None:
-        """Keep a checked call of GPU tensors for the fast path of the next identical one."""
+        """Keep a checked call of GPU tensors for the fast path of the next identical one.
+
+        The cache holds no caller tensor alive: the call keeps only their binding and names,
+        and a guard per tensor (weakref.finalize) drops the call when one of them is freed,
+        before its id can be reused, so equal keys still mean the same tensors."""
         call.binding = binding
-        call.objects = (dict(inputs), dict(out))   # their ids are in the key
-        if all(name in call.in_place for name in self.plan.outputs):
-            # every output is written into its out= tensor: what _finish returns, kept
-            call.results = {name: out[name] for name in self.plan.outputs}
+        # every output written into its out= tensor: the call's result is `out` itself
+        call.all_out = all(name in call.in_place for name in self._output_names)
+        call.forget_arrays()
+        me = weakref.ref(self)
+        call.guards = tuple(_guard(t, me, key) for t in (*inputs.values(), *out.values()))
+        old = self._calls.pop(key, None)
+        if old is not None:
+            old.release_guards()
         self._calls[key] = call
         if len(self._calls) > _MAX_CALLS:
-            self._calls.popitem(last=False)
+            self._calls.popitem(last=False)[1].release_guards()
+
+    def _forget_calls(self) -> None:
+        while self._calls:
+            self._calls.popitem()[1].release_guards()
 
     def _prepare_request(self, inputs: dict, out, looked_up: tuple | None = None) -> tuple:
         """A resident kernel's request (megak.resident): the checked call, and the params
@@ -326,9 +341,9 @@ class Program:
         slots = sorted({s for s in plan.outputs.values() if s not in external})
         return _Call(arrays, external, slots, kind, on_gpu, targets, in_place)
 
-    def _finish(self, call: "_Call", host: dict, out) -> dict:
+    def _finish(self, call: "_Call", host: dict, out, inputs) -> dict:
         """The caller's results from a finished run: in-place outputs as given or made, the
-        rest from the host copies."""
+        rest from the host copies (an output that is a GPU input: from `inputs`)."""
         plan = self.plan
         results: dict[str, object] = {}
         for name, slot in plan.outputs.items():
@@ -342,7 +357,8 @@ class Program:
             if slot in host:
                 value = host[slot].reshape(plan.output_shapes[name]).copy()
             else:   # an output that is a GPU input, read in place: that input's values
-                value = interop.to_host(call.external[slot]).reshape(plan.output_shapes[name])
+                source = interop.describe(inputs[self._input_of_slot[slot]])
+                value = interop.to_host(source).reshape(plan.output_shapes[name])
             if name in call.targets:
                 _copy_into(out[name], value)
                 results[name] = out[name]
@@ -473,6 +489,7 @@ class Program:
         if self._resident is not None:
             raise MegakernelError("this program is served by an open resident kernel; close "
                                   "that first")
+        self._forget_calls()
         self._executor.close()
 
     def __enter__(self) -> "Program":
@@ -498,14 +515,40 @@ class _Call:
     targets: dict
     in_place: dict
     binding: object = None      # the executor's tensor table for these tensors, once bound
-    objects: tuple = ()         # the arrays of the cached call (their ids are its key)
-    results: dict | None = None  # a cached call's result: every output is its out= tensor
+    guards: tuple = ()          # a cached call's weakref.finalize per caller tensor
+    all_out: bool = False       # a cached call whose every output is its out= tensor
 
     @property
     def cacheable(self) -> bool:
         """Only calls that allocate nothing and copy nothing are reused."""
         return not self.arrays and not self.slots and \
             all(how == "out" for how, _ in self.in_place.values())
+
+    def forget_arrays(self) -> None:
+        """Drop the references to the caller's arrays (a cached call must not keep them
+        alive): what is left, the binding and the output names, is all a repeat needs."""
+        self.external = {}
+        self.targets = dict.fromkeys(self.targets)
+
+    def release_guards(self) -> None:
+        for guard in self.guards:
+            guard.detach()
+        self.guards = ()
+
+
+def _guard(tensor, program_ref, key) -> weakref.finalize:
+    guard = weakref.finalize(tensor, _drop_call, program_ref, key)
+    guard.atexit = False        # nothing to drop when the interpreter ends
+    return guard
+
+
+def _drop_call(program_ref, key) -> None:
+    """A caller tensor of a cached call was freed: the call goes (its id may be reused)."""
+    prog = program_ref()
+    if prog is not None:
+        call = prog._calls.pop(key, None)
+        if call is not None:
+            call.release_guards()
 
 
 class Handle:
@@ -557,9 +600,10 @@ class Handle:
                 raise
             if self._trace:
                 prog.last_trace = prog._make_trace(prog._executor.last_trace_events)
-        results = self._call.results
-        self._result = dict(results) if results is not None and not host else \
-            prog._finish(self._call, host, self._out)
+        if self._call.all_out and not host:
+            self._result = dict(self._out)
+        else:
+            self._result = prog._finish(self._call, host, self._out, self._inputs)
         self._inputs = None
         return self._result
 

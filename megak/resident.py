@@ -313,9 +313,11 @@ class Request:
         except (MegakernelError, MegakernelHang) as exc:
             self._error = exc
             raise
-        results = self._call.results
-        self._result = dict(results) if results is not None and not host else \
-            self._program._finish(self._call, host, self._out)
+        prog = self._program
+        if self._call.all_out and not host:
+            self._result = dict(self._out)
+        else:
+            self._result = prog._finish(self._call, host, self._out, self._inputs)
         self._inputs = None
         return self._result
 

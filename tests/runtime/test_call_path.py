@@ -316,3 +316,24 @@ def test_a_wait_interrupted_can_be_waited_again(gen, monkeypatch):
             h.wait()
         y = h.wait()["y"]
         check(g, inputs, torch.from_numpy(y), "the interrupted launch's result")
+
+
+def test_fresh_tensors_every_call_are_not_kept_alive(gen):
+    """The call cache remembers a call's tensors without holding them: a loop that makes new
+    tensors for every call frees each set once the caller drops it."""
+    import gc
+    import weakref
+    g = chain_graph()
+    with megak.compile(g, backend="cuda") as prog:
+        refs = []
+        for i in range(5):
+            inputs = tensors(g, gen)
+            y = poisoned(g)
+            for _ in range(2):       # the second call takes the cached binding
+                prog.run(**inputs, out={"y": y})
+            check(g, inputs, y, f"call {i}")
+            refs += [weakref.ref(t) for t in (*inputs.values(), y)]
+            del inputs, y
+        gc.collect()
+        assert all(r() is None for r in refs), "a cached call kept a tensor alive"
+        assert not prog._calls
