@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The checks a change to device, runtime or op code needs on a GPU machine, as one command:
+#
+#   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes]
+#
+# (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
+# needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
+# (../shared/tools/gpu-prep stages them; carry .whl to the machine). Logs and results go
+# under $OUT (default ./gpu-checks):
+#
+#   tier      pytest -m gpu over tests/ and benchmarks/test_gpu_benchmarks.py  -> tier.log
+#   sanitize  tools/sanitize.sh: memcheck, racecheck, synccheck               -> san/
+#   report B  python -m benchmarks.report --baseline B (a results JSON)        -> bench/
+#   probes    the weight stream's probes: tools/probe_stream_stages.py (as built, with the
+#             copies in flight capped, without A, with A rotated; 1024 x 16 in 1 and 8
+#             parts) and tools/probe_weight_stream.py --shapes                 -> probes.log
+#
+# Each step runs under its own timeout; steps run in the order given. The exit status is
+# non-zero when any step failed. NVRTC builds are cached under $XDG_CACHE_HOME (default
+# ./scratch/cache, so a cache filled on the CPU machine travels with the working tree).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${OUT:-$PWD/gpu-checks}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        2>/dev/null
+fi
+export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export CUDA_PYTHON_DISABLE_VERSION_CHECK=1
+export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/scratch/cache}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tier sanitize)
+failed=()
+i=0
+while [ $i -lt ${#steps[@]} ]; do
+    step=${steps[$i]}
+    i=$((i + 1))
+    echo "== gpu_checks: $step ($(date -u +%H:%M:%S))"
+    case "$step" in
+        tier)
+            timeout --kill-after=20 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
+                benchmarks/test_gpu_benchmarks.py --benchmark-disable > "$OUT/tier.log" 2>&1
+            rc=$?
+            tail -n 3 "$OUT/tier.log"
+            ;;
+        sanitize)
+            LOGDIR="$OUT/san" SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-110} timeout 400 \
+                tools/sanitize.sh > "$OUT/sanitize.log" 2>&1
+            rc=$?
+            tail -n 6 "$OUT/sanitize.log"
+            ;;
+        report)
+            baseline=${steps[$i]:-}
+            i=$((i + 1))
+            if [ -z "$baseline" ] || [ ! -f "$baseline" ]; then
+                echo "gpu_checks: report needs a baseline results JSON, got '$baseline'"
+                rc=2
+            else
+                timeout 500 python3 -m benchmarks.report --baseline "$baseline" \
+                    --out-dir "$OUT/bench" > "$OUT/report.log" 2>&1
+                rc=$?
+                tail -n 3 "$OUT/report.log"
+            fi
+            ;;
+        probes)
+            {
+                timeout 300 python3 tools/probe_stream_stages.py \
+                    --variant asbuilt cap2 cap4 cap6 noA Arot &&
+                timeout 120 python3 tools/probe_stream_stages.py --cases 1024x16-b16 \
+                    --parts 1 8 &&
+                timeout 200 python3 tools/probe_weight_stream.py --shapes
+            } > "$OUT/probes.log" 2>&1
+            rc=$?
+            tail -n 5 "$OUT/probes.log"
+            ;;
+        *)
+            echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes)"
+            rc=2
+            ;;
+    esac
+    [ "$rc" -ne 0 ] && failed+=("$step")
+done
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "gpu_checks: FAILED: ${failed[*]} (logs in $OUT)"
+    exit 1
+fi
+echo "gpu_checks: PASS (logs in $OUT)"
