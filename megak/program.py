@@ -610,14 +610,14 @@ class Handle:
 
 def _same_memory(first, first_desc, second, second_desc) -> bool:
     """Whether two out= targets overlap: one object twice, host arrays sharing memory, or
-    two GPU arrays starting at the same address of one device."""
+    GPU arrays sharing a byte (interop.overlaps, as for an out= array against an input)."""
     if first is second:
         return True
     if isinstance(first_desc, np.ndarray) and isinstance(second_desc, np.ndarray):
         return bool(np.shares_memory(first_desc, second_desc))
     if isinstance(first_desc, interop.DeviceArray) and \
             isinstance(second_desc, interop.DeviceArray):
-        return (first_desc.device, first_desc.ptr) == (second_desc.device, second_desc.ptr)
+        return interop.overlaps(first_desc, second_desc)
     return False
 
 

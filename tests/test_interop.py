@@ -167,14 +167,14 @@ def test_overlap_of_gpu_arrays_is_exact(rng):
         assert overlaps(a, b) == truth == overlaps(b, a), (a, b)
 
 
-def test_an_out_array_sharing_memory_with_an_input_is_refused(monkeypatch, rng):
-    """A GPU out= array the GPU would write in place while another instruction reads the
-    input it overlaps: refused before anything runs, on the simulator as on the GPU (here
-    with stand-ins for torch GPU tensors: the simulator would copy both and not show it)."""
+@pytest.fixture
+def gpu_stand_in(monkeypatch):
+    """A class standing in for torch GPU tensors as far as megak's checks go (an address and
+    a layout; values the simulator reads), with interop taught to describe it."""
     from megak import interop
     from megak.interop import DeviceArray
 
-    class Gpu:   # a torch GPU tensor as far as megak's checks go: an address and a layout
+    class Gpu:
         def __init__(self, ptr, values):
             self.values = values
             self.desc = DeviceArray(self, "torch", ptr, values.shape,
@@ -186,6 +186,14 @@ def test_an_out_array_sharing_memory_with_an_input_is_refused(monkeypatch, rng):
     monkeypatch.setattr(interop, "describe",
                         lambda o: o.desc if isinstance(o, Gpu) else real_describe(o))
     monkeypatch.setattr(interop, "to_host", lambda d: d.obj.values)
+    return Gpu
+
+
+def test_an_out_array_sharing_memory_with_an_input_is_refused(gpu_stand_in, rng):
+    """A GPU out= array the GPU would write in place while another instruction reads the
+    input it overlaps: refused before anything runs, on the simulator as on the GPU (here
+    with stand-ins for torch GPU tensors: the simulator would copy both and not show it)."""
+    Gpu = gpu_stand_in
     g = megak.Graph()
     x = g.input("x", (8, 16))
     g.output(g.gemm(x, g.input("w", (16, 16))), "y")
@@ -196,3 +204,18 @@ def test_an_out_array_sharing_memory_with_an_input_is_refused(monkeypatch, rng):
         prog.run(x=Gpu(1 << 20, values), w=w, out={"y": Gpu(1 << 20, values)})
     with pytest.raises(GraphError, match="shares memory"):       # the last row overlaps
         prog.run(x=Gpu(1 << 20, values), w=w, out={"y": Gpu((1 << 20) - 7 * 64 + 4, values)})
+
+
+def test_out_arrays_sharing_part_of_their_memory_are_refused(gpu_stand_in, rng):
+    """Two GPU out= arrays that overlap without starting at the same address (the column
+    halves of one buffer that cross): refused like any other overlap, by the same test."""
+    Gpu = gpu_stand_in
+    g = megak.Graph()
+    x = g.input("x", (8, 16))
+    g.output(g.copy(x), "y")
+    g.output(g.transpose(g.transpose(x)), "z")
+    prog = megak.compile(g, backend="sim", n_sm=2)
+    values = rng.uniform(-1, 1, (8, 16)).astype(np.float32)
+    base = 1 << 20
+    with pytest.raises(GraphError, match="overlapping memory"):
+        prog.run(x=values, out={"y": Gpu(base, values), "z": Gpu(base + 8 * 4, values)})
