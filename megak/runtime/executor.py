@@ -589,6 +589,7 @@ class CudaExecutor:
     def epoch(self) -> int:
         """The device's epoch for the next run (read back: for tests and diagnostics)."""
         with self._lock:
+            self._current()
             host = self._memory.pinned(abi.RUN_STATE_DTYPE.itemsize, "run state (host)")
             try:
                 mem.dtoh(host.ptr, self._run_state.ptr, abi.RUN_STATE_DTYPE.itemsize, self._h)
@@ -605,7 +606,7 @@ class CudaExecutor:
         """
         with self._lock:
             self._check_usable()
-            self._dev.set_current()
+            self._current()
             validate_plan(self.plan)
             if self.plan.n_sm != self._grid:
                 raise MegakernelError(f"reload_queues(): plan.n_sm changed from {self._grid} "
@@ -643,6 +644,7 @@ class CudaExecutor:
         run left unreported (so none is lost). With no numpy inputs or outputs and no trace,
         nothing but the launch itself is enqueued (capturable in a CUDA graph)."""
         with self._lock:
+            self._current()
             self._check_usable()
             self._raise_pending()
             if inputs or outputs:
@@ -714,6 +716,7 @@ class CudaExecutor:
 
     def _launch_bound(self, binding: _Binding, stream) -> tuple:
         """(ticket, CUstream) of a launch on a bound table; the caller holds the lock."""
+        self._current()
         if self._state["broken"] or self._state["dead"] or self._finalizer is None:
             self._check_usable()
         if self._host.error_pending():
@@ -741,6 +744,7 @@ class CudaExecutor:
         found or made for ``external``. Returns (params address, tensor table address,
         ticket, binding)."""
         with self._lock:
+            self._current()
             self._check_usable()
             if self._host.error_pending():
                 self._raise_pending()
@@ -778,6 +782,7 @@ class CudaExecutor:
     def finish_request(self, ticket: int) -> dict[int, np.ndarray]:
         """A resident request the device has finished: its error, else its numpy outputs."""
         with self._lock:
+            self._current()
             self._check_usable()
             outputs, _, _ = self._pending.pop(ticket, ([], False, None))
             self._raise_pending()
@@ -810,6 +815,7 @@ class CudaExecutor:
         """Wait until the device has finished ``ticket`` (bounded by the host watchdog);
         raise its error (or an earlier unreported one); return its numpy outputs."""
         with self._lock:
+            self._current()
             self._check_usable()
             outputs, trace, ready = self._pending.get(ticket, ([], False, None))
             h = self._stream_of.get(ticket, self._h)
@@ -877,11 +883,13 @@ class CudaExecutor:
     def check(self) -> None:
         """Raise the error a run left unreported, if any (no wait: graph replays report here)."""
         with self._lock:
+            self._current()
             self._raise_pending()
 
     def close(self) -> None:
         """Free every buffer and stream now (idempotent)."""
         with self._lock:
+            self._current()
             self._shutdown_now()
 
     def __enter__(self) -> "CudaExecutor":
@@ -895,6 +903,13 @@ class CudaExecutor:
         return self._finalizer is None or not self._finalizer.alive
 
     # -- one run ----------------------------------------------------------------------------------
+    def _current(self) -> None:
+        """This device's primary context current in the calling thread (Memory.make_current):
+        every entry point that calls the driver starts here, so that any thread may call it."""
+        memory = getattr(self, "_memory", None)   # None once closed
+        if memory is not None:
+            memory.make_current()
+
     def _check_usable(self) -> None:
         if self._state["broken"]:
             raise MegakernelError(f"this executor is unusable: {self._state['broken']}")

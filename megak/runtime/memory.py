@@ -141,6 +141,7 @@ class Memory:
         # armed right after the retain, so that nothing below can leak the context
         self._finalizer = weakref.finalize(self, _release, drv, self._live, self._ctx,
                                            self._cu_dev)
+        self._ctx_int = int(self._ctx)
         current = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
         if int(current) == 0:  # allocations and cuMemGetInfo need a current context
             check(drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
@@ -149,6 +150,14 @@ class Memory:
         # (the driver migrates on launch), prefetch just becomes a no-op.
         self.can_prefetch = bool(check(drv.cuDeviceGetAttribute(attr, self._cu_dev),
                                        "cuDeviceGetAttribute(CONCURRENT_MANAGED_ACCESS)"))
+
+    def make_current(self) -> None:
+        """Make the device's primary context current in the calling thread. Driver calls act on
+        the calling thread's current context: a thread the caller started has none, and
+        another device's may be current there. torch and cupy work in the same primary
+        contexts, so this changes nothing they rely on. One driver call when it is current."""
+        if int(self._drv.cuCtxGetCurrent()[1]) != self._ctx_int:
+            check(self._drv.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
 
     # -- bookkeeping ------------------------------------------------------------------------
     @property

@@ -110,6 +110,7 @@ class ResidentKernel:
     # -- requests ---------------------------------------------------------------------------------
     def post(self, params: int, tensors: int, ticket: int, deadline: float) -> int:
         """Write one request (params 0: leave) into the ring; returns its number."""
+        self._memory.make_current()   # any thread may call (Memory.make_current)
         s = self.next
         while not self._slot_free(s):
             self.kick()
@@ -160,6 +161,7 @@ class ResidentKernel:
 
     def _launch(self, first: int) -> None:
         """Launch the resident kernel to serve requests from `first` on."""
+        self._memory.make_current()   # any thread may call (Memory.make_current)
         st = np.zeros(1, dtype=abi.RESIDENT_STATE_DTYPE)
         st[0]["go"] = st[0]["closed"] = (first - 1) & _U32
         init = self._init.array(np.uint8, (self._init.nbytes,))
@@ -193,6 +195,7 @@ class ResidentKernel:
     # -- waiting ------------------------------------------------------------------------------------
     def _check_stream(self, what: str) -> None:
         """Raise a CUDA error of the kernel's stream (a crashed kernel never writes `left`)."""
+        self._memory.make_current()   # any thread may call (Memory.make_current)
         drv = _bindings()
         ret = drv.cuStreamQuery(self._h)
         err = int(ret[0] if isinstance(ret, tuple) else ret)
@@ -211,6 +214,7 @@ class ResidentKernel:
 
     def wait_left(self, limit_s: float) -> bool:
         """Wait until the current launch has left and its stream is idle (bounded)."""
+        self._memory.make_current()   # any thread may call (Memory.make_current)
         deadline = time.monotonic() + limit_s
         nap = 5e-5
         while True:
