@@ -17,7 +17,8 @@
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. NVRTC builds are cached under $XDG_CACHE_HOME (default
-# ./scratch/cache, so a cache filled on the CPU machine travels with the working tree).
+# ./scratch/cache, so a cache filled on the CPU machine travels with the working tree; it
+# hits there only where the two NVRTC versions match: the key holds the version).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +34,18 @@ export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/scratch/cache}
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tier sanitize)
+
+# The probes' builds, started now on the spare cores: the cache key holds the NVRTC version,
+# so a cache filled on a machine with another NVRTC misses here, and each build takes a minute.
+prebuilds=()
+if [[ " ${steps[*]} " == *" probes "* ]]; then
+    mkdir -p "$OUT/prebuild"
+    for v in asbuilt cap2 cap4 cap6 noA Arot; do
+        timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" \
+            > "$OUT/prebuild/$v.log" 2>&1 &
+        prebuilds+=($!)
+    done
+fi
 failed=()
 i=0
 while [ $i -lt ${#steps[@]} ]; do
@@ -66,6 +79,7 @@ while [ $i -lt ${#steps[@]} ]; do
             fi
             ;;
         probes)
+            [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
             {
                 timeout 300 python3 tools/probe_stream_stages.py \
                     --variant asbuilt cap2 cap4 cap6 noA Arot &&

@@ -4,28 +4,31 @@ the megakernel with %globaltimer marks per ring stage and per instruction, in a 
 array read back with cuModuleGetGlobal (one run), and prints per chain the medians (over SMs
 and stages, or instructions) of
 
-  per stage (warp 0 of the compute warps):
-    A wait          its wait for its A slice of the stage (cp.async group), from the previous
-                    stage's end (or the k loop's entry)
-    B wait          then its wait for the stage's page (ring_full)
-    mma             then its ldmatrix + MMAs, up to its arrive on ring_empty
-    issue->land     the streamer's issue of a stage to the consumer seeing it full, over the
-                    stages the consumer was already waiting for (the copy's latency)
+  per stage (lane 0 of the warp that reads it: warp k % 8 for the instruction's stage k):
+    B wait          from the warp's start of the stage (its A chunk requested) to the page
+                    seen full (ring_issued, then ring_full)
+    A wait          then its wait for the A chunk (cp.async)
+    mma             then its ldmatrix + MMAs (every chunk), up to its arrive on ring_empty
+    issue->land     the streamer's issue of a stage to the warp seeing it full, over the
+                    stages the warp waited for (the copy's latency)
   per instruction:
-    enter->first    the k loop's entry (dependencies met) to the first page usable, and how
+    enter->first    the k loop's entry (dependencies met) to the first page seen, and how
                     many of the stream's stages from there on were issued by the entry
-    kloop, reduce, combine, epilogue, fence
+    kloop, reduce, combine, epilogue
                     its phases: the k loop, the 8 warps' partials summed, the parts' combine,
-                    the epilogue's stores, the release fence before the signal
-    gap             its signal's fence to the next instruction's k-loop entry on the same SM
-                    (the loader's wait for the next layer, and the hand-over)
+                    the epilogue's stores (the band's last part only)
+    gap             its tail's end to the next instruction's k-loop entry on the same SM
+                    (the release fence and signal, the next one's dependency wait and
+                    hand-over)
 
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
 at most F copies in flight; `noA`, no A staging: the MMAs read stale A; `Arot`, A's k slices
 in an order rotated by the SM; the last two give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
-build without a GPU, so a lease spends no time in NVRTC.
+build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
+the GPU machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel
+on the GPU machine's spare cores while its other steps run.
 
     python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16]
         [--parts 0 1 8] [--compile-only]
@@ -42,9 +45,9 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 10   # per stage: 0 issue, 2 A landed, 3 full, 4 done; per instruction, at its first
-             # position: 1 k-loop entry, 5 k loop done, 6 reduced, 7 combined, 8 epilogue
-             # stored, 9 signal fence done
+NMARK = 10   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
+             # instruction, at its first position: 1 k-loop entry, 5 k loop done, 6 reduced,
+             # 7 combined, 8 epilogue stored (the last part only)
 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);\n"
 
@@ -57,21 +60,46 @@ def cap(f):
              + _STREAMER_ISSUE)]
 
 
-_NO_A = [("""        if (ahead < nst)
-            mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, mts, in.klen,
-                              MK_STREAM_BOX_ROWS * ahead + 16 * warp, a_vec);""", "")]
+_NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, mts, in.klen,
+                              MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")]
 
 # A's k slices read in an order rotated by the SM (B's order unchanged): at any moment the SMs
 # of a layer read different A lines from L2, while they still read the same rows of B from
 # DRAM. Against "asbuilt", whether A's cost is the hot spot of every SM reading one line.
-_A_ROTATED = [("MK_STREAM_BOX_ROWS * t + 16 * warp",
-               "MK_STREAM_BOX_ROWS * ((t + (int)blockIdx.x) % nst) + 16 * warp"),
-              ("MK_STREAM_BOX_ROWS * ahead + 16 * warp",
-               "MK_STREAM_BOX_ROWS * ((ahead + (int)blockIdx.x) % nst) + 16 * warp")]
+_A_ROTATED = [("MK_STREAM_BOX_ROWS * s + kb, a_vec);",
+               "MK_STREAM_BOX_ROWS * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
 
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "noA": _NO_A, "noA-cap4": _NO_A + cap(4), "Arot": _A_ROTATED,
             "Arot-cap4": _A_ROTATED + cap(4)}
+
+_RUN_TAIL = """    if (pages.stream_stages > 0)
+        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
+    else
+        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
+    mk_trace_mark(MK_T_COMPUTED);
+    mk_stream_reduce(pages, acc, in.rows);
+    pages.release(1, 3);
+    if (mk_stream_combine(in, op, pages))
+        mk_gemm_epilogue_at(in, op, pages, in.row0);
+"""
+_RUN_TAIL_MARKED = """    if (pages.stream_stages > 0)
+        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
+    else
+        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
+    const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
+    if (mkp_on) MKP(pages.stream_pos, 5);
+    mk_trace_mark(MK_T_COMPUTED);
+    mk_stream_reduce(pages, acc, in.rows);
+    if (mkp_on) MKP(pages.stream_pos, 6);
+    pages.release(1, 3);
+    const bool mkp_last = mk_stream_combine(in, op, pages);
+    if (mkp_on) MKP(pages.stream_pos, 7);
+    if (mkp_last) {
+        mk_gemm_epilogue_at(in, op, pages, in.row0);
+        if (mkp_on) MKP(pages.stream_pos, 8);
+    }
+"""
 
 MARKS = [
     # header: after sync.cuh (mk_globaltimer), before the stream header's users
@@ -82,17 +110,25 @@ MARKS = [
      f"#define MKP(pos, i) do {{ if ((pos) < {MAXPOS}u) mk_probe_st[(blockIdx.x * {MAXPOS}u + (pos)) * {NMARK}u + (i)] = mk_globaltimer(); }} while (0)\n"
      "#else\n#define MKP(pos, i) do { } while (0)\n#endif\n"),
     (_STREAMER_ISSUE, "                MKP(pos, 0);\n" + _STREAMER_ISSUE),
-    ("#pragma unroll 1\n    for (int t = 0; t < D - 1; ++t) {\n",
-     "    const mk_u32 mkp0 = pages.stream_pos;\n    if (ring && threadIdx.x == 0) MKP(mkp0, 1);\n"
-     "#pragma unroll 1\n    for (int t = 0; t < D - 1; ++t) {\n"),
-    ("        mk_stream_wait_a(D);\n        __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */\n",
-     "        mk_stream_wait_a(D);\n        __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */\n"
-     "        if (ring && threadIdx.x == 0) MKP(mkp0 + s, 2);\n"),
-    ("            ok = mk_stream_wait_full(ctl, slot, parity);\n",
-     "            ok = mk_stream_wait_full(ctl, slot, parity);\n            if (threadIdx.x == 0) MKP(mkp0 + s, 3);\n"),
-    ("            __syncwarp();\n            if (lane == 0)\n                mk_mbar_arrive(&ctl.ring_empty[slot]);\n",
-     "            __syncwarp();\n            if (threadIdx.x == 0) MKP(mkp0 + s, 4);\n"
-     "            if (lane == 0)\n                mk_mbar_arrive(&ctl.ring_empty[slot]);\n"),
+    # the ring's k loop: the entry (thread 0, at the instruction's first position); per stage,
+    # lane 0 of its warp: 9 start, 3 page seen, 2 A landed, 4 done
+    ("#pragma unroll 1\n    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {\n"
+     "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n",
+     "    if (threadIdx.x == 0) MKP(pages.stream_pos, 1);\n"
+     "#pragma unroll 1\n    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {\n"
+     "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n"
+     "        if (lane == 0) MKP(pos, 9);\n"),
+    ("                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n",
+     "                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n"
+     "            if (c == 0 && lane == 0) MKP(pos, 3);\n"),
+    ("            __syncwarp();                     /* every lane's A copies visible to the warp */\n",
+     "            __syncwarp();                     /* every lane's A copies visible to the warp */\n"
+     "            if (c == 0 && lane == 0) MKP(pos, 2);\n"),
+    ("        __syncwarp();\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.ring_empty[slot]);\n",
+     "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
+     "        if (lane == 0)\n            mk_mbar_arrive(&ctl.ring_empty[slot]);\n"),
+    # the instruction's tail, at its first position (streamed instructions only)
+    (_RUN_TAIL, _RUN_TAIL_MARKED),
 ]
 
 
@@ -154,36 +190,31 @@ def analyse(m):
     issue_land, a_wait, b_wait, mma, enter_first, ahead = [], [], [], [], [], []
     for sm in range(m.shape[0]):
         r = m[sm]
-        used = np.nonzero(r[:, 4])[0]
-        if not len(used):
-            continue
-        prev_done = None
-        for pos in used:
+        for pos in np.nonzero(r[:, 4])[0]:
             t = r[pos]
             if t[1]:                      # first stage of an instruction
-                start = t[1]
                 enter_first.append(t[3] - t[1])
                 ahead.append(int(np.count_nonzero((r[:, 0] != 0) & (r[:, 0] <= t[1])
                                                   & (np.arange(MAXPOS) >= pos))))
-            else:
-                start = prev_done if prev_done is not None else t[2]
-            a_wait.append(t[2] - start)
-            b_wait.append(t[3] - t[2])
-            mma.append(t[4] - t[3])
-            if t[0] and t[3] - t[2] > 200:   # the consumer waited: full seen ~ landed
+            b_wait.append(t[3] - t[9])
+            a_wait.append(t[2] - t[3])
+            mma.append(t[4] - t[2])
+            if t[0] and t[3] - t[9] > 200:   # the warp waited: full seen ~ landed
                 issue_land.append(t[3] - t[0])
-            prev_done = t[4]
-    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "fence", "gap")}
+    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "gap")}
     for sm in range(m.shape[0]):
         r = m[sm]
-        firsts = [p for p in np.nonzero(r[:, 1])[0] if all(r[p, i] for i in range(5, 10))]
+        firsts = [p for p in np.nonzero(r[:, 1])[0] if all(r[p, i] for i in range(5, 8))]
         for j, p in enumerate(firsts):
             t = r[p]
             for name, a, b in (("kloop", 1, 5), ("reduce", 5, 6), ("combine", 6, 7),
-                               ("epilogue", 7, 8), ("fence", 8, 9)):
-                tail[name].append(t[b] - t[a])
+                               ("epilogue", 7, 8)):
+                if t[b]:
+                    tail[name].append(t[b] - t[a])
             if j + 1 < len(firsts):
-                tail["gap"].append(r[firsts[j + 1], 1] - t[9])
+                # the tail's end to the next instruction's k-loop entry: the release fence,
+                # the signal, the next one's dependency wait and hand-over
+                tail["gap"].append(r[firsts[j + 1], 1] - max(t[7], t[8]))
     out = {f"{k}": med(v) for k, v in tail.items()}
     return out | {"issue->land (waited)": med(issue_land), "A wait": med(a_wait), "B wait": med(b_wait),
             "mma": med(mma), "enter->first": med(enter_first),
