@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One small mixed graph through the CUDA backend, checked against float64: the workload
 `tools/sanitize.sh` runs under compute-sanitizer. It touches every path of the megakernel:
-an fp32 gemm -> transpose -> copy, and in bf16 a chain of two streamed GEMMs (M = 16: the
-weights through the streamer warp's TMA ring across the two instructions) plus a 128-row
+an fp32 gemm -> transpose -> copy, and in bf16 a chain of two GEMMs of 16 rows (streamed
+GEMMs loading their weights themselves: the program's wgmma GEMMs leave no pages for a ring)
+plus a 128-row
 tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
 the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16,
 and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh),
@@ -15,7 +16,11 @@ The runs are made once as launches (prog.run) and once as requests of a resident
 two chained wgmma GEMMs with at most a bias on 2 SMs (wgmma_graph), runs on the
 MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/pages.cuh); a
 third, one GEMM tile + bias + gelu split over K on 8 SMs (split_graph), runs there too: wgmma
-tiles writing fp32 partials, then the reduces that sum them and run the epilogue.
+tiles writing fp32 partials, then the reduces that sum them and run the epilogue. A fourth,
+ring_graph, on 1 SM: the weight ring, two streamed GEMMs in a chain whose first is one
+instruction of 12 stages (the compute warps take them in turn, warps 0-3 two each, and the
+10-page ring wraps within the instruction), as launches and as resident requests (the ring's
+barriers set up again per request).
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -37,6 +42,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 import megak  # noqa: E402
+from megak import abi  # noqa: E402
 from megak.dtypes import numpy_dtype  # noqa: E402
 
 BF16 = numpy_dtype("bfloat16")
@@ -110,6 +116,16 @@ WG_U, WG_N, WG_N2 = (200, 136), 200, 260   # the wgmma pair: 2 x 1 and 2 x 2 til
 WG2_T, WG2_N, WG2_N2 = (300, 200), 520, 260    # wgmma_graph: 3 x 3 then 3 x 2 tiles, K tail
 #                                                at A's end (520), on 2 SMs
 SPLIT_X, SPLIT_N = (100, 1100), 120    # split_graph: one tile, K 1100 in parts on 8 SMs
+RING_X, RING_N, RING_N2 = (16, 1500), 40, 72   # ring_graph: 12 boxes of 128 k-rows, then 1
+
+
+def ring_graph() -> megak.Graph:
+    """zr = relu(xr @ wr1) @ wr2, both streamed through the weight ring on one SM."""
+    g = megak.Graph()
+    h = g.gemm(g.input("xr", RING_X, "bfloat16"),
+               g.input("wr1", (RING_X[1], RING_N), "bfloat16"), activation="relu")
+    g.output(g.gemm(h, g.input("wr2", (RING_N, RING_N2), "bfloat16")), "zr")
+    return g
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -175,6 +191,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
+    prog = prog2 = prog3 = prog4 = None
     g = build(args.m, args.k, args.n)
     g2 = wgmma_graph()
     try:
@@ -182,20 +199,26 @@ def main(argv=None) -> int:
         prog2 = megak.compile(g2, backend="cuda", n_sm=2, timeout_s=args.timeout, debug=True)
         g3 = split_graph()
         prog3 = megak.compile(g3, backend="cuda", n_sm=8, timeout_s=args.timeout, debug=True)
+        g4 = ring_graph()
+        prog4 = megak.compile(g4, backend="cuda", n_sm=1, timeout_s=args.timeout, debug=True)
+        streamed = prog4.plan.instrs["flags"] & abi.FLAG_STREAM
+        if prog4.plan.stream_pages == 0 or not streamed.all():
+            raise RuntimeError(f"ring_graph streams no weights (ring of "
+                               f"{prog4.plan.stream_pages} pages)")
     except Exception:
         traceback.print_exc()
         print("sanitize_graph: FAILED to compile", flush=True)
         return 2
     ok = True
     try:
-        for pr in (prog, prog2, prog3):
+        for pr in (prog, prog2, prog3, prog4):
             ex = getattr(pr, "_executor", None)
             if ex is not None and hasattr(ex, "host_timeout_s"):
                 ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
         resident = None
         for run in range(2 * args.runs):
             if run == args.runs:   # the same runs again as requests of a resident kernel
-                resident = megak.resident(prog, idle_s=math.inf)
+                resident = megak.resident(prog, prog4, idle_s=math.inf)
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
@@ -254,6 +277,14 @@ def main(argv=None) -> int:
                 if variant != "wgmma_only" or "reduce" not in prog3.stats[
                         "instructions_per_opcode"]:
                     results.append((False, f"the split GEMM ran on the {variant} kernel"))
+            w = {"xr": rng.uniform(-1, 1, RING_X),
+                 "wr1": rng.uniform(-1, 1, (RING_X[1], RING_N)) / np.sqrt(RING_X[1]),
+                 "wr2": rng.uniform(-1, 1, (RING_N, RING_N2))}
+            w = {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
+            out4 = prog4.run(**w) if resident is None else resident.submit(prog4, **w).wait()
+            results.append(check_reference(g4, w, out4["zr"], "zr",
+                                           f"zr = relu(xr @ wr1) @ wr2 (weight ring of "
+                                           f"{prog4.plan.stream_pages} pages)"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",
@@ -266,7 +297,7 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        for pr in (prog, prog2, prog3):
+        for pr in (prog, prog2, prog3, prog4):
             close = getattr(pr, "close", None)
             if close is not None:
                 try:

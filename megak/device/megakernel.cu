@@ -388,8 +388,9 @@ __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_
     return mk_gemm_stream_stages(in, p);
 }
 
-/* Streamer lane 0: wait until the compute warps have read ring slot `slot`'s previous stage
- * (phase `parity` of ring_empty). False when they left early (ring_stop) or never came back
+/* Streamer lane 0: wait until the compute warp that reads ring slot `slot`'s previous stage
+ * is done with it (phase `parity` of ring_empty). False when the compute role left early
+ * (ring_stop) or it never came back
  * within `patience` ns: the streamer then stops (a compute warp waiting for a stage that will
  * not come records the timeout itself). */
 __device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot, mk_u32 parity,
@@ -437,6 +438,7 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                     go = false;
                     break;
                 }
+                mk_st_release_shared(&ctl.ring_issued[slot], pos);   /* stream.cuh */
                 mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);
                 mk_tma_load_2d(ring0 + slot * (mk_u32)MK_PAGE_BYTES, tmap, c0,
                                r0 + (int)(s * MK_STREAM_BOX_ROWS), &ctl.ring_full[slot], policy);

@@ -102,6 +102,7 @@ struct mk_control {
      * done with it (empty) */
     mk_u64 ring_full[MK_STREAM_MAX_RING];
     mk_u64 ring_empty[MK_STREAM_MAX_RING];
+    mk_u32 ring_issued[MK_STREAM_MAX_RING];   /* the position last issued into slot i */
     mk_u32 ring_inited;                /* ring barriers initialised for this invocation */
     mk_u32 ring_stop;                  /* a compute role left early: the streamer drains */
     mk_u32 stream_last;                /* gemm_stream: this block finished its band's combine */

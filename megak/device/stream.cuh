@@ -13,7 +13,8 @@
  *            (expect_tx) and issues the copy (evict-first in L2: weights are read once)
  *   loader   gives each instruction its first position and stage count (slot.stream_pos,
  *            slot.stream_stages) from the same predicate, on the same record bytes
- *   compute  the op waits on ring_full of each stage, reads it, and each warp arrives on
+ *   compute  the op's warps take the instruction's stages in turn (warp w: stages w, w + 8,
+ *            ...): the warp waits on ring_full of its stage, reads it, and arrives on
  *            ring_empty once it is done with the page
  *
  * The streamer only waits for pages to come back, never for dependencies: while the compute
@@ -21,13 +22,23 @@
  * the ring holds.
  *
  * Ordering:
- *   - copy -> readers: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a
+ *   - copy -> reader: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a
  *     thread whose try_wait sees that phase complete sees the page's bytes (mbarrier
  *     acquire). One phase per stage: the wait's parity is (pos / R) & 1.
- *   - readers -> next copy into the slot (write after read): each warp's reads of the page
- *     (ldmatrix, generic proxy) are ordered before its lane 0's arrive on ring_empty[slot]
- *     (__syncwarp, then the arrive's release); the streamer's try_wait of that phase
- *     (acquire) happens before it issues the next copy into the page. 8 arrivals per phase.
+ *   - which phase: a parity wait tells apart only the phase it waits for and the one before,
+ *     so the reader of pos must know that pos - R has landed (else the phase of pos - 2 R,
+ *     same parity, reads as complete). With every warp reading every stage the reader had
+ *     read pos - R itself; with one warp per stage it has not, so the streamer publishes
+ *     ring_issued[slot] = pos (st.release, cta) after its wait for pos - R's reader and
+ *     before the copy, and the reader waits for that value (ld.acquire) before the parity
+ *     wait. Seeing it, the reader knows pos - R was read, hence landed; and pos + R cannot
+ *     be issued before the reader itself arrives: the slot's phase is that of pos or the
+ *     one before. Thread 0 sets every ring_issued to ~0 (no position) in the set-up.
+ *   - reader -> next copy into the slot (write after read): the one warp that reads a page
+ *     orders its lanes' reads (ldmatrix, generic proxy) before its lane 0's arrive on
+ *     ring_empty[slot] (__syncwarp, then the arrive's release); the streamer's try_wait of
+ *     that phase (acquire) happens before it issues the next copy into the page. 1 arrival
+ *     per phase: the page's warp.
  *   - generic writes -> copies: a ring page may have been written by generic stores before
  *     this invocation (another program of the resident kernel used the page through the
  *     allocator). The streamer issues fence.proxy.async before its first copy, after the
@@ -118,7 +129,7 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
 }
 
 /* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
- * empty one arrival per compute warp. Thread 0, in the set-up; `was` = how many were
+ * empty the arrival of the one compute warp that reads the stage. Thread 0, in the set-up; `was` = how many were
  * initialised before (the resident kernel's previous request): invalidated first. */
 __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32 now)
 {
@@ -128,12 +139,29 @@ __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32
     }
     for (mk_u32 i = 0; i < now; ++i) {
         mk_mbar_init(&ctl.ring_full[i], 1u);
-        mk_mbar_init(&ctl.ring_empty[i], MK_THREADS / 32);
+        mk_mbar_init(&ctl.ring_empty[i], 1u);
+        ctl.ring_issued[i] = ~0u;
     }
     if (now > 0)
         mk_fence_mbar_init();
     ctl.ring_inited = now;
     ctl.ring_stop = 0;
+}
+
+/* ring_issued[slot]: the streamer's publication of the position it issued into the slot,
+ * and the reader's wait for it (see "which phase" above). */
+__device__ __forceinline__ void mk_st_release_shared(mk_u32* p, mk_u32 v)
+{
+    asm volatile("st.release.cta.shared::cta.u32 [%0], %1;" : : "r"(mk_smem_addr(p)), "r"(v)
+                 : "memory");
+}
+
+__device__ __forceinline__ mk_u32 mk_ld_acquire_shared(const mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(mk_smem_addr(p))
+                 : "memory");
+    return v;
 }
 
 /* Whether ring_stop was raised (a compute role left early). */

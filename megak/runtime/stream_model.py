@@ -16,26 +16,31 @@ serves many requests; each invocation has its own queue and ring size R = stream
             i.e. the phase of parity P is the one that completed last (a fresh barrier reads
             as if a phase of parity 1 had just completed).
   slots     R pages; slot i has full[i] (1 arrival: the streamer's arrive.expect_tx, plus the
-            copy's bytes) and empty[i] (one arrival per compute warp, 8).
+            copy's bytes) and empty[i] (1 arrival: the warp that reads the stage).
   stages    the streamed instructions of the queue in order (the predicate: MK_FLAG_STREAM in
             the record and ready[B] in the table), each with `stages` boxes; position pos
             counts them from 0 in each invocation; stage pos lives in slot pos % R.
   streamer  for each stage: if pos >= R, wait empty[slot] with parity (pos // R - 1) & 1,
-            polling ring_stop between tries (set: stop issuing); arrive.expect_tx(full[slot],
-            page bytes); issue the copy. Then, before leaving, wait until every copy it
+            polling ring_stop between tries (set: stop issuing); issued[slot] = pos;
+            arrive.expect_tx(full[slot], page bytes); issue the copy. Then, before leaving, wait until every copy it
             issued has landed: the full phases of the last min(pos, R) stages, parity
             (p // R) & 1.
   copy      lands at a later step of its own: writes the page (stage data: invocation,
             instruction, stage), then completes its bytes on full[slot].
-  warp w    8 of them; runs the queue in order; for each stage of a streamed instruction:
-            wait full[slot] with parity (pos // R) & 1, polling ring_stop between tries (set:
-            leave); read the page; arrive on empty[slot]. Injected failures, at the start of
+  warp w    8 of them; runs the queue in order; each stage k of a streamed instruction is
+            warp k % 8's (the GEMM's warps take an instruction's stages in turn): for each of
+            its own, wait until issued[slot] == pos, then full[slot] with parity
+            (pos // R) & 1, polling ring_stop between tries (set: leave); read the page;
+            arrive on empty[slot]; the others' it passes by (pos still counts them). The
+            issued word is what makes the parity wait exact: a parity tells apart two
+            phases only, and the warp has not read pos - R itself. Injected failures, at the start of
             an instruction: one warp sets ring_stop and leaves, or the whole compute role
             stops there (every warp leaves, warp 0's thread 0 sets ring_stop), as when the
             loader reports an error for the instruction.
   block     thread 0: before each invocation, once every role of the previous one has
             passed the join barrier, invalidates the ring barriers the previous set-up
-            initialised, initialises this invocation's R pairs and clears ring_stop. The
+            initialised, initialises this invocation's R pairs, sets every issued word to
+            "none" and clears ring_stop. The
             copy engine is not a role that meets there, hence the streamer's drain.
 
 The cross-SM combine (CombineModel), runs of one program, counters never reset between
@@ -61,13 +66,14 @@ Beside the shared memory the models keep what they know to be true (`RingTruth`,
 
   1  a warp reads exactly the stage it expects: no stale page (not yet landed, or another
      invocation's), no page overwritten before it read it;
-  2  the streamer never issues into a slot whose previous stage some warp has yet to read;
+  2  the streamer never issues into a slot whose previous stage its warp has yet to read;
   3  no copy lands after its block has left the invocation, or on barriers initialised again
      since it was issued;
   4  no deadlock (a state where no actor can move and not all are done) and no hang, for any
      R, with or without a warp failing;
   5  the streamer and every warp agree on the stage sequence: what the streamer issues at pos
-     is the stage the warps take from pos, and with no failure all of it is issued and read;
+     is the stage its warp takes from pos, and with no failure all of it is issued and each
+     stage read by its warp;
   6  each band has exactly one last part per run in which all its parts added (none where
      some did not);
   7  the last reads every other partial of this run: never a previous run's, never one not
@@ -89,7 +95,11 @@ tests can show the checks catch it:
     no_drain                 the streamer leaves with copies in flight;
     streamer_ignores_ready   the streamer's predicate is MK_FLAG_STREAM alone (the loader's
                              also asks the table's ready[B]);
-    silent_failure           a failure leaves without setting ring_stop.
+    silent_failure           a failure leaves without setting ring_stop;
+    empty_count_per_warp     empty[i] expects one arrival per warp (8), as if every warp read
+                             every stage, while only the stage's warp arrives;
+    no_issued_word           the warps wait on full's parity alone, as when every warp read
+                             every stage.
   CombineModel
     last_without_epoch       the last test is old + 1 == parts;
     partial_after_atomic     a part writes its partial after its atomic add;
@@ -128,7 +138,7 @@ WRAP_LIMIT = 2 ** 31
 
 RULES = {
     1: "a warp reads exactly the stage it expects",
-    2: "the streamer issues only into slots every warp has read",
+    2: "the streamer issues only into slots their warp has read",
     3: "no copy lands after its block left or its barriers were initialised again",
     4: "no deadlock, no hang",
     5: "streamer and warps agree on the stage sequence",
@@ -140,7 +150,7 @@ RULES = {
 
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
-           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "streamed"]
+           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owner", "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -244,6 +254,11 @@ class Record:
     stages: int = 1
 
 
+def owner(stage: tuple[int, int]) -> int:
+    """The compute warp that reads stage (instruction, k): the instruction's stages in turn."""
+    return stage[1] % WARPS
+
+
 def streamed(record: Record, ready: tuple[bool, ...]) -> bool:
     """The predicate the streamer and the loader share: flagged, and the table carries B's
     tensor map (otherwise the GEMM loads B itself)."""
@@ -289,8 +304,8 @@ class RingTruth:
 
 @dataclass
 class RingOutcome:
-    """What one run did: steps; per invocation, stages issued, the fewest stages a warp read,
-    and whether the stop path ran."""
+    """What one run did: steps; per invocation, stages issued, stages read (each by its
+    warp), and whether the stop path ran."""
     steps: int
     issued: list
     read: list
@@ -305,7 +320,8 @@ class RingModel:
                  arrive_before_read: bool = False, full_parity_off_by_one: bool = False,
                  empty_parity_off_by_one: bool = False, no_reinit: bool = False,
                  no_drain: bool = False, streamer_ignores_ready: bool = False,
-                 silent_failure: bool = False):
+                 silent_failure: bool = False, empty_count_per_warp: bool = False,
+                 no_issued_word: bool = False):
         self.invocations = list(invocations)
         for inv in self.invocations:
             if not 0 <= inv.ring <= MAX_RING:
@@ -322,10 +338,13 @@ class RingModel:
         self.no_drain = no_drain
         self.streamer_ignores_ready = streamer_ignores_ready
         self.silent_failure = silent_failure
+        self.empty_count = WARPS if empty_count_per_warp else 1
+        self.no_issued_word = no_issued_word
         # shared memory
         self.pages: list[Page | None] = [None] * MAX_RING
         self.full = [MBarrier() for _ in range(MAX_RING)]
         self.empty = [MBarrier() for _ in range(MAX_RING)]
+        self.issued: list[int | None] = [None] * MAX_RING   # ring_issued: None for ~0
         self.ring_stop = False
         self.inited = 0            # ctl.ring_inited: barriers the last set-up initialised
         self.generation = 0        # set-ups that initialised the barriers (for rule 3)
@@ -341,7 +360,7 @@ class RingModel:
         return RingOutcome(
             steps=steps,
             issued=[len(t.issued[n]) for n in range(len(self.invocations))],
-            read=[min(len(t.consumed[n, w]) for w in range(WARPS))
+            read=[sum(len(t.consumed[n, w]) for w in range(WARPS))
                   for n in range(len(self.invocations))],
             stopped=[bool(t.gone[n]) for n in range(len(self.invocations))])
 
@@ -369,16 +388,18 @@ class RingModel:
             for i in range(inv.ring):        # the ones never initialised before
                 if not self.full[i].valid:
                     self.full[i].init(1)
-                    self.empty[i].init(WARPS)
+                    self.empty[i].init(self.empty_count)
         else:
             for i in range(self.inited):
                 self.full[i].inval()
                 self.empty[i].inval()
             for i in range(inv.ring):
                 self.full[i].init(1)
-                self.empty[i].init(WARPS)
+                self.empty[i].init(self.empty_count)
             self.inited = inv.ring
             self.generation += 1
+        for i in range(inv.ring):
+            self.issued[i] = None
         self.ring_stop = False
         t = self.truth
         t.sequence[n] = inv.sequence()
@@ -396,9 +417,9 @@ class RingModel:
                      f"invocation {n}: the streamer issued {t.issued[n]}, the loader's "
                      f"sequence is {t.sequence[n]}")
             for w in range(WARPS):
-                _require(t.consumed[n, w] == t.sequence[n], 5,
-                         f"invocation {n}: warp {w} read {t.consumed[n, w]} of "
-                         f"{t.sequence[n]}")
+                mine = [stage for stage in t.sequence[n] if owner(stage) == w]
+                _require(t.consumed[n, w] == mine, 5,
+                         f"invocation {n}: warp {w} read {t.consumed[n, w]} of its {mine}")
 
     # -- the streamer -----------------------------------------------------------------------
     def _streamer(self, n: int, inv: Invocation):
@@ -418,6 +439,8 @@ class RingModel:
                 if stop:
                     break
             self._check_issue(n, inv, pos, stage)
+            self.issued[slot] = pos
+            yield PROGRESS
             self.full[slot].arrive(expect_tx=PAGE_BYTES)
             yield PROGRESS
             self.truth.issued[n].append(stage)
@@ -446,6 +469,18 @@ class RingModel:
                 return True
             yield "ring_stop"
 
+    def _wait_issued(self, slot: int, pos: int):
+        """Poll issued[slot] until it is pos (returns False) or ring_stop is seen (True)."""
+        while True:
+            if self.issued[slot] == pos:
+                yield PROGRESS
+                return False
+            yield f"issued[{slot}] == {pos}"
+            if self.ring_stop:
+                yield PROGRESS
+                return True
+            yield "ring_stop"
+
     def _check_issue(self, n: int, inv: Invocation, pos: int, stage: tuple[int, int]) -> None:
         """Rules 5 and 2 when the streamer issues `stage` at pos."""
         sequence = self.truth.sequence[n]
@@ -455,9 +490,10 @@ class RingModel:
         before = pos - inv.ring
         if before >= 0:
             read = self.truth.reads.get((n, before), set())
-            unread = [w for w in range(WARPS) if w not in read and w not in self.truth.gone[n]]
+            w = owner(sequence[before])
+            unread = w not in read and w not in self.truth.gone[n]
             _require(not unread, 2, f"invocation {n}: the streamer issues position {pos} into "
-                                    f"slot {pos % inv.ring} while warps {unread} have not read "
+                                    f"slot {pos % inv.ring} while warp {w} has not read "
                                     f"position {before}")
 
     # -- a copy -----------------------------------------------------------------------------
@@ -494,10 +530,16 @@ class RingModel:
                 yield PROGRESS            # the instruction's own work
                 continue
             for k in range(record.stages):
+                if owner((i, k)) != w:
+                    pos += 1                  # another warp's stage
+                    continue
                 slot = pos % R
                 parity = ((pos // R) + 1) & 1 if self.full_parity_off_by_one else (pos // R) & 1
-                stop = yield from self._wait(self.full[slot], parity,
-                                             f"full[{slot}] parity {parity}")
+                stop = False if self.no_issued_word else \
+                    (yield from self._wait_issued(slot, pos))
+                if not stop:
+                    stop = yield from self._wait(self.full[slot], parity,
+                                                 f"full[{slot}] parity {parity}")
                 if stop:
                     self.truth.gone[n].add(w)
                     return
@@ -515,7 +557,7 @@ class RingModel:
         """Rules 5 and 1: the stage warp w takes from pos, and the page it finds there."""
         t = self.truth
         sequence = t.sequence[n]
-        _require(pos < len(sequence) and sequence[pos] == stage, 5,
+        _require(pos < len(sequence) and sequence[pos] == stage and owner(stage) == w, 5,
                  f"invocation {n}: warp {w} takes {stage} from position {pos}")
         page = self.pages[slot]
         _require(page == Page(n, *stage), 1, f"invocation {n}: warp {w} reads position {pos} "

@@ -326,8 +326,8 @@ def test_box_swizzle_and_fragments():
         for c in range(8):
             page[64 * r + 8 * (c ^ (r % 8)):64 * r + 8 * (c ^ (r % 8)) + 8] = box[r, 8 * c:8 * c + 8]
     lanes = np.arange(32)
-    for w in range(8):
-        b_row = 16 * w + (lanes & 7) + ((lanes >> 3) & 1) * 8
+    for w in range(8):   # k16 step w of the box (a warp's own without the ring; every warp's
+        b_row = 16 * w + (lanes & 7) + ((lanes >> 3) & 1) * 8   # in turn with it)
         for j in range(4):
             chunk = 2 * j + (lanes >> 4)
             addr = 128 * b_row + 16 * (chunk ^ (b_row & 7))
@@ -341,9 +341,34 @@ def test_box_swizzle_and_fragments():
                 assert (np.array(rows) == box[k0:k0 + 8, c0:c0 + 8]).all()
 
 
+def test_a_chunk_layout_is_conflict_free_and_one_to_one():
+    # with the ring, warp w's A chunk: kc = 128 / mts k-rows of 16 mts rows, row r's 16-B
+    # unit u at r * 2 kc + 16 (u ^ (r % 8)) (mk_stream_chunk_at); the copy's 256 units fill
+    # the 4 KiB exactly, and the ldmatrix.x4 of m16 tile mt at k16 step ks (lane l: row
+    # 16 mt + l % 16, unit 2 ks + l / 16) reads 8 bank groups per phase
+    lanes = np.arange(32)
+    for mts in (1, 2):
+        kc = BOX_ROWS // mts
+        pitch, units = 2 * kc, kc // 8
+        i = np.arange(256)
+        r, u = i // units, i % units
+        filled = r * pitch + 16 * (u ^ (r % 8))
+        assert sorted(filled.tolist()) == list(range(0, 4096, 16))
+        for ks in range(kc // 16):
+            for mt in range(mts):
+                r = 16 * mt + (lanes & 15)
+                addr = r * pitch + 16 * ((2 * ks + (lanes >> 4)) ^ (r % 8))
+                for ph in range(4):
+                    assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
+                # and it is the unit the copy put row r's k-columns 16 ks + 8 (l / 16) .. into
+                unit = 2 * ks + (lanes >> 4)
+                assert (addr == r * pitch + 16 * (unit ^ (r % 8))).all() and (unit < units).all()
+
+
 def test_a_slot_layout_is_conflict_free():
-    # warp w's A slice of a stage: row r's chunk c at 32 r + 16 (c ^ ((r >> 2) & 1)); the
-    # ldmatrix.x4 of m16 tile mt (lane l: row 16 mt + l % 16, chunk l / 16)
+    # without the ring, warp w's A slice of a stage: row r's chunk c at
+    # 32 r + 16 (c ^ ((r >> 2) & 1)); the ldmatrix.x4 of m16 tile mt (lane l: row
+    # 16 mt + l % 16, chunk l / 16)
     lanes = np.arange(32)
     for mt in range(4):
         r = 16 * mt + (lanes & 15)
@@ -408,3 +433,35 @@ def test_stream_stress_random_chains():
                     inputs[name] = (inputs[name].astype(np.float32)
                                     / np.sqrt(t.shape[0])).astype(inputs[name].dtype)
             run_checked(prog, g, inputs, f"chain {case} {widths} batch {m} run {run}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_pages", [5, 6, 9, 13])
+def test_stream_ring_sizes_stress(n_pages):
+    # rings of 2, 3, 6 and 10 pages (13 - 3 op pages at most) under instructions of 1 to 32
+    # stages: a warp takes every 8th stage of its instruction, so with a small ring the warps
+    # wait for positions the streamer issues R at a time into slots whose previous stage
+    # another warp read (the issued word, stream.cuh); run again and again, every result
+    # checked
+    from megak.runtime.driver import gpu_usable
+    if not gpu_usable():
+        pytest.skip("needs a GPU")
+    rng = np.random.default_rng(20 + n_pages)
+    for case, (m, widths) in enumerate([(16, [4096, 128, 1000, 64, 2048]),
+                                        (1, [1024, 1024, 1024]), (40, [2048, 256, 3000])]):
+        g = megak.Graph()
+        x = g.input("x", (m, widths[0]), "bfloat16")
+        for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+            x = g.gemm(x, g.input(f"w{i}", (k, n), "bfloat16"))
+            g.output(x, f"h{i}")
+        prog = megak.compile(g, backend="cuda", n_pages=n_pages)
+        assert prog.plan.stream_pages == min(n_pages - gemm.STREAM_PAGES, 10)
+        assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM).all()
+        for run in range(4):
+            inputs = random_inputs(g, rng)
+            for name, t in g.inputs.items():
+                if name.startswith("w"):   # keep the chain O(1)
+                    inputs[name] = (inputs[name].astype(np.float32)
+                                    / np.sqrt(t.shape[0])).astype(inputs[name].dtype)
+            run_checked(prog, g, inputs, f"ring {n_pages - gemm.STREAM_PAGES}, chain {case} "
+                                         f"{widths} batch {m} run {run}")

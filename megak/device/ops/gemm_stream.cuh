@@ -14,16 +14,19 @@
  *   one page, as the TMA's 128-B swizzle lays it out: k-row r at byte 128 r, its 16-B chunk c
  *   (columns 8c .. 8c + 7) at chunk c ^ (r & 7)
  *
- * Warps: warp w takes k16 step w of every stage (k-rows 16 w .. 16 w + 15 of the box), all 8
- * n8 tiles, both m16 tiles (rows <= MK_STREAM_TILE_M = 32; a GEMM of up to 64 rows has two
- * row bands, each streaming B): 2 x 8 x 4 fp32 accumulators per thread, summed over the 8
- * warps at the end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
+ * Warps, with the ring: warp w takes whole stages, s = w, w + 8, ... of the instruction (all
+ * 8 k16 steps of its page, all 8 n8 tiles, both m16 tiles: rows <= MK_STREAM_TILE_M = 32; a
+ * GEMM of up to 64 rows has two row bands, each streaming B), so 8 stages are read at once
+ * and one warp's waits overlap the others' MMAs. Without the ring (the compute warps copy
+ * each box into page 2 themselves, with block barriers) warp w takes k16 step w of every
+ * stage. Either way 2 x 8 x 4 fp32 accumulators per thread, summed over the 8 warps at the
+ * end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
  *
  * Page plan (megak/ops/gemm.py says the same), positions in the op's page table; three pages,
  * so that a block of 13 keeps 10 for the ring:
- *   k loop    B in the ring (not the op's pages), A's ring in pages 0-1; without the ring (no
- *             tensor map for B, or the separate-launch entry) the compute warps copy each box
- *             into page 2 themselves
+ *   k loop    B in the ring (not the op's pages), A in pages 0-1 (a 4 KiB chunk per warp);
+ *             without the ring (no tensor map for B, or the separate-launch entry) A's ring in
+ *             pages 0-1 and the compute warps copy each box into page 2 themselves
  *   reduction per m16 tile: the 8 warps' partials in pages 1-2, their sum into the staging
  *             rows (page 0); then pages 1 and 2 go
  *   combine   (parts > 1) the staging rows to the partials tensor, the band's counter; the
@@ -31,12 +34,17 @@
  *   epilogue  page 0 (the last part, or the only one); the interpreter frees it
  *
  * Why:
- *  - a warp per k16 step: each warp reads a different 4 KiB of every page (ldmatrix.trans
- *    through the swizzle: the 8 row addresses of a phase fall in 8 different bank groups) and
- *    a different slice of A, so A is read once per SM and the box once;
- *  - A (the previous layer's output, in L2) is requested several stages ahead into a ring in
- *    pages 0-1 (see below): an L2 read under the whole GPU's streaming takes ~1-2 us, several
- *    stages' time;
+ *  - a warp per stage (ring): the k loop with every warp on the same stage cost ~0.7 us per
+ *    stage on the H200 with the page already there (A wait, page wait, MMAs, arrive: one
+ *    warp's latency chain, repeated in lock step), more than the 0.5 us in which HBM
+ *    delivers an SM's page at full rate (tools/probe_stream_stages.py). With 8 stages in
+ *    flight, one per warp, each warp's chain is paid once per 8 stages. Each page is read by
+ *    one warp (ldmatrix.trans through the swizzle: the 8 row addresses of a phase fall in 8
+ *    different bank groups), and each k-slice of A by one warp, so A is read once per SM;
+ *  - A (the previous layer's output, in L2): with the ring, each warp copies its stage's slice
+ *    (4 KiB chunks) before it waits for the page, so the L2 read (~1-2 us under the whole
+ *    GPU's streaming) overlaps the page's wait and the other warps' MMAs; without the ring it
+ *    is requested several stages ahead into a ring in pages 0-1 (see below);
  *  - k ranges are whole boxes except at K's end, where the copy fills zeros: no stage mixes
  *    two parts' k-rows, and A past K is zero-filled by its copy (0 x a finite weight);
  *    columns past N arrive as zeros too;
@@ -101,14 +109,13 @@ __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, cons
     return ((mk_u32)in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
 }
 
-/* A, per warp and stage: its k16 slice of every row, 2 chunks of 16 B per row, in a ring that
- * fills pages 0-1 (nothing else lives there during the k loop): with P = 1 or 2 m16 tiles of
- * room (rows <= 16, 32), a warp's slot is 512 P bytes, a stage's 8 slots 4 KiB P, and the
- * ring D = 8 / P stages deep. Stage t's slot of warp w at byte (t % D) 4 KiB P + w 512 P of
- * pages 0-1; row r's chunk c at 32 r + 16 (c ^ ((r >> 2) & 1)), so the 8 row addresses of an
- * ldmatrix phase fall in 8 different bank groups. Deep because every SM of a layer reads the
- * same A lines from L2 at once; the traced runs (benchmarks/ANALYSIS.md) show the k loop
- * bound by the ring's refill rather than by A at these depths. */
+/* A without the ring, per warp and stage: its k16 slice of every row, 2 chunks of 16 B per
+ * row, in a ring that fills pages 0-1 (nothing else lives there during the k loop): with P =
+ * 1 or 2 m16 tiles of room (rows <= 16, 32), a warp's slot is 512 P bytes, a stage's 8 slots
+ * 4 KiB P, and the ring D = 8 / P stages deep. Stage t's slot of warp w at byte (t % D) 4 KiB
+ * P + w 512 P of pages 0-1; row r's chunk c at 32 r + 16 (c ^ ((r >> 2) & 1)), so the 8 row
+ * addresses of an ldmatrix phase fall in 8 different bank groups. Deep: an L2 read under the
+ * whole GPU's streaming takes ~1-2 us, several stages' time. */
 enum {
     MK_STREAM_A_BYTES = 2 * MK_PAGE_BYTES,   /* pages 0-1 */
     MK_STREAM_A_MAX_DEPTH = MK_STREAM_A_BYTES / (MK_STREAM_WARPS * 16 * 32)
@@ -186,18 +193,24 @@ __device__ __forceinline__ void mk_stream_fill_box(mk_u32 st, const mk_tensor& T
     }
 }
 
-/* Wait for ring phase `parity` of slot `slot`, all lanes of the warp; false past the deadline
- * (timeout_ns from the first failed try) or once another warp gave up (the op then skips the
- * stage's MMAs). */
-__device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot, mk_u32 parity)
+/* Wait until the streamer has issued position `pos` into slot `slot` (ring_issued) and its
+ * copy has landed (ring_full phase (pos / R) & 1), by each lane of the warp; false past the
+ * deadline (timeout_ns from the first failed try) or once another warp gave up (the op then
+ * skips the stage's MMAs). */
+__device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot, mk_u32 pos,
+                                                    mk_u32 parity)
 {
     if (mk_ring_stopped())
         return false;
-    if (mk_mbar_try_wait(&ctl.ring_full[slot], parity))
+    bool issued = mk_ld_acquire_shared(&ctl.ring_issued[slot]) == pos;
+    if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
         return true;
     const mk_u64 deadline = mk_deadline(ctl.params.timeout_ns);
     mk_u32 n = 0;
-    while (!mk_mbar_try_wait(&ctl.ring_full[slot], parity)) {
+    for (;;) {
+        issued = issued || mk_ld_acquire_shared(&ctl.ring_issued[slot]) == pos;
+        if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
+            return true;
         if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
             if ((threadIdx.x & 31u) == 0u) {
                 atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);
@@ -206,7 +219,125 @@ __device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot
             return false;
         }
     }
-    return true;
+}
+
+/* Ring mode's A: warp w's buffer is bytes [4 KiB w, 4 KiB w + 4 KiB) of pages 0-1, one chunk
+ * of its stage at a time: kc = 128 / mts k-rows of all 16 mts rows, 4 KiB whatever the rows.
+ * Row r of a chunk is kc / 8 16-B units (pitch 2 kc bytes); unit u at 16 (u ^ (r & 7)), so the
+ * 8 rows of an ldmatrix phase (one unit) fall in 8 different bank groups. */
+enum { MK_STREAM_A_CHUNK = 4096 };
+static_assert(MK_STREAM_WARPS * MK_STREAM_A_CHUNK == MK_STREAM_A_BYTES,
+              "a chunk per warp fills pages 0-1");
+static_assert(16 * 2 * MK_STREAM_BOX_ROWS == MK_STREAM_A_CHUNK,
+              "16 rows x 128 k-rows of bf16, or 32 x 64, is one chunk");
+
+__device__ __forceinline__ mk_u32 mk_stream_chunk_at(mk_u32 buf, int r, int u, int pitch)
+{
+    return buf + (mk_u32)(r * pitch) + ((mk_u32)(u ^ (r & 7)) << 4);
+}
+
+/* This warp's A chunk: rows [0, 16 mts), k [kk, kk + kc) relative to the tile origin ga, into
+ * buf (zeros past rows and klen). vec: cp.async (the caller commits), else synchronous scalar
+ * loads. 256 units of 16 B: 8 per lane. */
+__device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, mk_u32 lda,
+                                                  int rows, int mts, int klen, int kk, bool vec)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+    const int shift = mts == 1 ? 4 : 3;                 /* log2 of the units per row */
+    const int pitch = 32 << (shift - 1);                /* 2 kc bytes: 256 or 128 */
+#pragma unroll 1
+    for (int i = lane; i < 256; i += 32) {
+        const int r = i >> shift, u = i & ((1 << shift) - 1);
+        const int k = kk + 8 * u;
+        const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
+        const mk_u16* src = ga + (mk_u64)r * lda + k;
+        const mk_u32 dst = mk_stream_chunk_at(buf, r, u, pitch);
+        if (vec) {
+            mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
+        } else {
+            const uint4 w = mk_ld_u16x8(src, n);
+            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                         : : "r"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+        }
+    }
+}
+
+/* The k loop with the ring: warp w takes stages s = w, w + 8, ... (stage s at position
+ * pages.stream_pos + s, in slot pos % R with full parity (pos / R) & 1). For each, chunk by
+ * chunk: its A chunk is requested, then (first chunk) the page waited for, then the chunk
+ * waited for and its k16 steps' MMAs; then the warp's one arrival on ring_empty[slot].
+ *
+ * Ordering (stream.cuh has the ring's): the warp has not read pos - R, so it waits for
+ * ring_issued[slot] == pos before the parity wait ("which phase" there). A page is read by
+ * one warp, so ring_empty counts one arrival per phase: __syncwarp orders every lane's ldmatrix of the page before lane 0's
+ * arrive (release), which the streamer's wait acquires before its next copy into the slot.
+ * The warp's A buffer is written again (next chunk, next stage) only after the MMAs that used
+ * the previous chunk's fragments were issued, i.e. after its ldmatrix reads returned, and
+ * after a __syncwarp: no lane's copy overtakes another lane's read. */
+__device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const mk_tensor* op,
+                                                     const mk_pages& pages,
+                                                     float (&acc)[2][8][4], int mts)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_tensor& TA = op[MK_ARG_A];
+    const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
+    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+    const int kc = MK_STREAM_BOX_ROWS / mts, pitch = 2 * kc;
+    const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
+    const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
+    /* ldmatrix rows of this lane: A rows l % 16, unit l / 16 of the k16 step; B k-rows */
+    const int a_r = lane & 15, a_c = lane >> 4;
+    const mk_u32 b_lane = (lane & 7u) + ((lane >> 3) & 1u) * 8u;
+#pragma unroll 1
+    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {
+        const mk_u32 pos = pages.stream_pos + (mk_u32)s;
+        const mk_u32 R = ctl.params.stream_pages;
+        const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
+        const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
+        bool ok = true;
+#pragma unroll 1
+        for (int c = 0; c < mts; ++c) {
+            const int kb = kc * c;            /* the chunk's first k-row in the stage */
+            __syncwarp();                     /* every lane's reads of the buffer are done */
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, mts, in.klen,
+                              MK_STREAM_BOX_ROWS * s + kb, a_vec);
+            mk_cp_async_commit();
+            if (c == 0)                       /* the page, while A is on its way */
+                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));
+            mk_cp_async_wait_all();
+            __syncwarp();                     /* every lane's A copies visible to the warp */
+            if (!ok)
+                continue;                     /* uniform: past the deadline, no MMAs */
+#pragma unroll 2
+            for (int ks = 0; ks < kc / 16; ++ks) {
+                mk_u32 a[2][4];
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt)
+                    if (mt < mts)             /* uniform */
+                        mk_ldmatrix_x4(a[mt], mk_stream_chunk_at(buf, 16 * mt + a_r,
+                                                                 2 * ks + a_c, pitch));
+                const mk_u32 b_row = (mk_u32)(kb + 16 * ks) + b_lane;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
+                    mk_u32 b[4];
+                    mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
+#pragma unroll
+                    for (int mt = 0; mt < 2; ++mt) {
+                        if (mt >= mts)
+                            break;            /* uniform */
+                        mk_mma_bf16_16816(acc[mt][2 * j], a[mt], b);
+                        mk_mma_bf16_16816(acc[mt][2 * j + 1], a[mt], b + 2);
+                    }
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0)
+            mk_mbar_arrive(&ctl.ring_empty[slot]);
+    }
 }
 
 /* cp.async groups still in flight once stage s's has landed: D - 1 (immediates only). */
@@ -218,30 +349,26 @@ __device__ __forceinline__ void mk_stream_wait_a(int depth)
         mk_cp_async_wait_group<3>();
 }
 
-/* The k loop: nst stages of B, from the ring (pages.stream_stages > 0) or copied into page 2;
- * A through this warp's ring, D - 1 stages ahead (cp.async groups: one per stage, maybe empty,
- * so waiting until D - 1 are in flight means "stage s landed"). One rolled loop and one body
- * for every row count: the m16 tiles past `mts` are skipped by a uniform branch (a body per row
- * count makes ptxas spill in every other op body). */
-__device__ __forceinline__ void mk_stream_kloop(const mk_instr& in, const mk_tensor* op,
-                                                const mk_pages& pages, float (&acc)[2][8][4],
-                                                int mts)
+/* The k loop without the ring: nst stages of B, each copied into page 2 by all 256 threads
+ * (block barriers around it); warp w takes k16 step w of every stage; A through this warp's
+ * ring, D - 1 stages ahead (cp.async groups: one per stage, maybe empty, so waiting until
+ * D - 1 are in flight means "stage s landed"). One rolled loop and one body for every row
+ * count: the m16 tiles past `mts` are skipped by a uniform branch (a body per row count makes
+ * ptxas spill in every other op body). */
+__device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const mk_tensor* op,
+                                                       const mk_pages& pages,
+                                                       float (&acc)[2][8][4], int mts)
 {
-    mk_control& ctl = mk_ctl();
     const int room = mts <= 1 ? 1 : 2;       /* P above */
     const int D = MK_STREAM_A_MAX_DEPTH / room;
     const mk_u32 slot_bytes = 512u * room, stage_bytes = 8u * slot_bytes;
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
-    const bool ring = pages.stream_stages > 0;
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
     const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
     const mk_u32 b_row = 16u * warp + (lane & 7u) + ((lane >> 3) & 1u) * 8u;
-    const mk_u32 R = ring ? ctl.params.stream_pages : 1u;
-    mk_u32 slot = ring ? pages.stream_pos % R : 0u;
-    mk_u32 parity = ring ? (pages.stream_pos / R) & 1u : 0u;
-    const mk_u32 ring0 = ring ? mk_smem_addr(mk_ring_page(ctl.params, 0)) : 0u;
+    const mk_u32 st = mk_smem_addr(pages[2]);
     /* stage t's slot of this warp */
     auto a_slot = [&](int t) -> mk_u32 {
         const mk_u32 off = (mk_u32)(t & (D - 1)) * stage_bytes + (mk_u32)warp * slot_bytes;
@@ -266,45 +393,25 @@ __device__ __forceinline__ void mk_stream_kloop(const mk_instr& in, const mk_ten
         mk_cp_async_commit();
         mk_stream_wait_a(D);
         __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */
-        mk_u32 st;
-        bool ok = true;
-        if (ring) {
-            ok = mk_stream_wait_full(ctl, slot, parity);
-            st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
-        } else {
-            st = mk_smem_addr(pages[2]);
-            mk_stream_fill_box(st, op[MK_ARG_B], in.k0 + MK_STREAM_BOX_ROWS * s, in.col0);
-            mk_compute_sync();
-        }
-        if (ok) {
-            const mk_u32 as = a_slot(s);
+        mk_stream_fill_box(st, op[MK_ARG_B], in.k0 + MK_STREAM_BOX_ROWS * s, in.col0);
+        mk_compute_sync();
+        const mk_u32 as = a_slot(s);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
-                mk_u32 b[4];
-                mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
+        for (int j = 0; j < 4; ++j) {
+            const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
+            mk_u32 b[4];
+            mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt) {
-                    if (mt >= mts)
-                        break;   /* uniform */
-                    mk_u32 a[4];
-                    mk_ldmatrix_x4(a, mk_stream_a_at(as, 16 * mt + a_r, a_c));
-                    mk_mma_bf16_16816(acc[mt][2 * j], a, b);
-                    mk_mma_bf16_16816(acc[mt][2 * j + 1], a, b + 2);
-                }
+            for (int mt = 0; mt < 2; ++mt) {
+                if (mt >= mts)
+                    break;   /* uniform */
+                mk_u32 a[4];
+                mk_ldmatrix_x4(a, mk_stream_a_at(as, 16 * mt + a_r, a_c));
+                mk_mma_bf16_16816(acc[mt][2 * j], a, b);
+                mk_mma_bf16_16816(acc[mt][2 * j + 1], a, b + 2);
             }
         }
-        if (ring) {
-            __syncwarp();
-            if (lane == 0)
-                mk_mbar_arrive(&ctl.ring_empty[slot]);
-            if (++slot == ctl.params.stream_pages) {   /* R, re-read: a register less */
-                slot = 0;
-                parity ^= 1u;
-            }
-        } else {
-            mk_compute_sync();   /* every warp is done with page 2 before the next box */
-        }
+        mk_compute_sync();   /* every warp is done with page 2 before the next box */
     }
     mk_cp_async_wait_all();
 }
@@ -423,7 +530,10 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 acc[mt][n][e] = 0.f;
-    mk_stream_kloop(in, op, pages, acc, (in.rows + 15) >> 4);
+    if (pages.stream_stages > 0)
+        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
+    else
+        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
     mk_trace_mark(MK_T_COMPUTED);
     mk_stream_reduce(pages, acc, in.rows);
     pages.release(1, 3);
