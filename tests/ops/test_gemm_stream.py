@@ -41,6 +41,17 @@ def run_checked(prog, g, inputs, what):
     return res
 
 
+def chain_inputs(g, rng):
+    """Random inputs of a layer chain, each weight w<i> scaled by 1 / sqrt(K): the chain's
+    values stay O(1) however many layers."""
+    inputs = random_inputs(g, rng)
+    for name, t in g.inputs.items():
+        if name.startswith("w"):
+            inputs[name] = (inputs[name].astype(np.float32)
+                            / np.sqrt(t.shape[0])).astype(inputs[name].dtype)
+    return inputs
+
+
 def compile_for(g, backend, n_sm=N_SM):
     return megak.compile(g, backend=backend, **({"n_sm": n_sm} if backend == "sim" else {}))
 
@@ -427,12 +438,7 @@ def test_stream_stress_random_chains():
         prog = megak.compile(g, backend="cuda")
         assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM).all()
         for run in range(8):
-            inputs = random_inputs(g, rng)
-            for name, t in g.inputs.items():
-                if name.startswith("w"):   # keep the chain O(1)
-                    inputs[name] = (inputs[name].astype(np.float32)
-                                    / np.sqrt(t.shape[0])).astype(inputs[name].dtype)
-            run_checked(prog, g, inputs, f"chain {case} {widths} batch {m} run {run}")
+            run_checked(prog, g, chain_inputs(g, rng), f"chain {case} {widths} batch {m} run {run}")
 
 
 @pytest.mark.gpu
@@ -458,10 +464,5 @@ def test_stream_ring_sizes_stress(n_pages):
         assert prog.plan.stream_pages == min(n_pages - gemm.STREAM_PAGES, 10)
         assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM).all()
         for run in range(4):
-            inputs = random_inputs(g, rng)
-            for name, t in g.inputs.items():
-                if name.startswith("w"):   # keep the chain O(1)
-                    inputs[name] = (inputs[name].astype(np.float32)
-                                    / np.sqrt(t.shape[0])).astype(inputs[name].dtype)
-            run_checked(prog, g, inputs, f"ring {n_pages - gemm.STREAM_PAGES}, chain {case} "
-                                         f"{widths} batch {m} run {run}")
+            run_checked(prog, g, chain_inputs(g, rng), f"ring {n_pages - gemm.STREAM_PAGES}, "
+                                                       f"chain {case} {widths} batch {m} run {run}")
