@@ -390,9 +390,8 @@ __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_
 
 /* Streamer lane 0: wait until the compute warp that reads ring slot `slot`'s previous stage
  * is done with it (phase `parity` of ring_empty). False when the compute role left early
- * (ring_stop) or it never came back
- * within `patience` ns: the streamer then stops (a compute warp waiting for a stage that will
- * not come records the timeout itself). */
+ * (ring_stop) or that warp never came back within `patience` ns: the streamer then stops (a
+ * compute warp waiting for a stage that will not come records the timeout itself). */
 __device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot, mk_u32 parity,
                                                    mk_u64 patience)
 {

@@ -129,8 +129,9 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
 }
 
 /* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
- * empty the arrival of the one compute warp that reads the stage. Thread 0, in the set-up; `was` = how many were
- * initialised before (the resident kernel's previous request): invalidated first. */
+ * empty the arrival of the one compute warp that reads the stage; ring_issued says "no
+ * position". Thread 0, in the set-up; `was` = how many were initialised before (the resident
+ * kernel's previous request): invalidated first. */
 __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32 now)
 {
     for (mk_u32 i = 0; i < was; ++i) {

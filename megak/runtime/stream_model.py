@@ -22,9 +22,9 @@ serves many requests; each invocation has its own queue and ring size R = stream
             counts them from 0 in each invocation; stage pos lives in slot pos % R.
   streamer  for each stage: if pos >= R, wait empty[slot] with parity (pos // R - 1) & 1,
             polling ring_stop between tries (set: stop issuing); issued[slot] = pos;
-            arrive.expect_tx(full[slot], page bytes); issue the copy. Then, before leaving, wait until every copy it
-            issued has landed: the full phases of the last min(pos, R) stages, parity
-            (p // R) & 1.
+            arrive.expect_tx(full[slot], page bytes); issue the copy. Then, before leaving,
+            wait until every copy it issued has landed: the full phases of the last
+            min(pos, R) stages, parity (p // R) & 1.
   copy      lands at a later step of its own: writes the page (stage data: invocation,
             instruction, stage), then completes its bytes on full[slot].
   warp w    8 of them; runs the queue in order; each stage k of a streamed instruction is
@@ -33,15 +33,15 @@ serves many requests; each invocation has its own queue and ring size R = stream
             (pos // R) & 1, polling ring_stop between tries (set: leave); read the page;
             arrive on empty[slot]; the others' it passes by (pos still counts them). The
             issued word is what makes the parity wait exact: a parity tells apart two
-            phases only, and the warp has not read pos - R itself. Injected failures, at the start of
-            an instruction: one warp sets ring_stop and leaves, or the whole compute role
-            stops there (every warp leaves, warp 0's thread 0 sets ring_stop), as when the
-            loader reports an error for the instruction.
+            phases only, and the warp has not read pos - R itself. Injected failures, at
+            the start of an instruction: one warp sets ring_stop and leaves, or the whole
+            compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
+            as when the loader reports an error for the instruction.
   block     thread 0: before each invocation, once every role of the previous one has
             passed the join barrier, invalidates the ring barriers the previous set-up
             initialised, initialises this invocation's R pairs, sets every issued word to
-            "none" and clears ring_stop. The
-            copy engine is not a role that meets there, hence the streamer's drain.
+            "none" and clears ring_stop. The copy engine is not a role that meets there,
+            hence the streamer's drain.
 
 The cross-SM combine (CombineModel), runs of one program, counters never reset between
 successful runs:
@@ -138,7 +138,7 @@ WRAP_LIMIT = 2 ** 31
 
 RULES = {
     1: "a warp reads exactly the stage it expects",
-    2: "the streamer issues only into slots their warp has read",
+    2: "the streamer issues into a slot only once its previous stage was read",
     3: "no copy lands after its block left or its barriers were initialised again",
     4: "no deadlock, no hang",
     5: "streamer and warps agree on the stage sequence",

@@ -269,8 +269,9 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
  *
  * Ordering (stream.cuh has the ring's): the warp has not read pos - R, so it waits for
  * ring_issued[slot] == pos before the parity wait ("which phase" there). A page is read by
- * one warp, so ring_empty counts one arrival per phase: __syncwarp orders every lane's ldmatrix of the page before lane 0's
- * arrive (release), which the streamer's wait acquires before its next copy into the slot.
+ * one warp, so ring_empty counts one arrival per phase: __syncwarp orders every lane's
+ * ldmatrix of the page before lane 0's arrive (release), which the streamer's wait acquires
+ * before its next copy into the slot.
  * The warp's A buffer is written again (next chunk, next stage) only after the MMAs that used
  * the previous chunk's fragments were issued, i.e. after its ldmatrix reads returned, and
  * after a __syncwarp: no lane's copy overtakes another lane's read. */
