@@ -60,7 +60,7 @@ def cap(f):
              + _STREAMER_ISSUE)]
 
 
-_NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, mts, in.klen,
+_NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
                               MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")]
 
 # A's k slices read in an order rotated by the SM (B's order unchanged): at any moment the SMs
@@ -73,20 +73,36 @@ VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6
             "noA": _NO_A, "noA-cap4": _NO_A + cap(4), "Arot": _A_ROTATED,
             "Arot-cap4": _A_ROTATED + cap(4)}
 
-_RUN_TAIL = """    if (pages.stream_stages > 0)
-        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
-    else
-        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
+_RUN_TAIL = """    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
+    if (pages.stream_stages > 0) {
+        if (two)
+            mk_stream_kloop_ring<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_ring<1>(in, op, pages, acc);
+    } else {
+        if (two)
+            mk_stream_kloop_copied<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_copied<1>(in, op, pages, acc);
+    }
     mk_trace_mark(MK_T_COMPUTED);
     mk_stream_reduce(pages, acc, in.rows);
     pages.release(1, 3);
     if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
 """
-_RUN_TAIL_MARKED = """    if (pages.stream_stages > 0)
-        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
-    else
-        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
+_RUN_TAIL_MARKED = """    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
+    if (pages.stream_stages > 0) {
+        if (two)
+            mk_stream_kloop_ring<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_ring<1>(in, op, pages, acc);
+    } else {
+        if (two)
+            mk_stream_kloop_copied<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_copied<1>(in, op, pages, acc);
+    }
     const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
     if (mkp_on) MKP(pages.stream_pos, 5);
     mk_trace_mark(MK_T_COMPUTED);

@@ -790,10 +790,10 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resid
     /* One active block (a one-instruction graph) is the last by itself: what it and its
      * loader wrote is ordered before this thread by the join barrier. */
     if (p.n_active > 1u) {
-        __threadfence();
+        mk_fence_release();     /* + the strong add: a release pattern (sync.cuh) */
         if (atomicAdd(&rs->exited, 1u) != p.n_active - 1u)
             return;
-        __threadfence();
+        mk_fence_acquire();     /* the adds are one release sequence: every block's writes */
     }
     volatile mk_status* st = reinterpret_cast<mk_status*>(p.status);
     volatile mk_host_view* hv = reinterpret_cast<mk_host_view*>(p.host_view);

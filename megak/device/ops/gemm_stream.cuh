@@ -49,12 +49,15 @@
  *    two parts' k-rows, and A past K is zero-filled by its copy (0 x a finite weight);
  *    columns past N arrive as zeros too;
  *  - the combine: every part stores its partial (weak stores), the compute barrier, then
- *    thread 0: fence, atomic add on the band's counter (out_row0); the part that brings it to
- *    (epoch + 1) * parts is the last (counters advance per run, like the dependency counters,
- *    and are zeroed with them). It fences (acquire) before anyone reads the others' partials
- *    (L2 loads). The sum runs in part order whichever part is last, so results are identical
- *    from run to run. The consumers wait for every part's signal, so they see the last's
- *    output;
+ *    thread 0: fence.release and a strong atomic add on the band's counter (out_row0), a
+ *    release pattern (sync.cuh); the part that brings it to (epoch + 1) * parts is the last
+ *    (counters advance per run, like the dependency counters, and are zeroed with them). The
+ *    adds on one counter form a release sequence, so the last part's add, then fence.acquire
+ *    (an acquire pattern), orders every other part's partial before the compute barrier
+ *    after which anyone reads them (L2 loads). Not __threadfence: fence.sc.gpu is the heavier
+ *    MEMBAR.SC on sm_90, and nothing here needs the single order of SC fences. The sum runs
+ *    in part order whichever part is last, so results are identical from run to run. The
+ *    consumers wait for every part's signal, so they see the last's output;
  *  - a ring wait has a deadline (the streamer may have stopped): past it the op records
  *    MK_ERR_TIMEOUT (ctl.stream_error), raises ring_stop and skips its remaining waits; every
  *    warp still passes every barrier, and the interpreter stops the block after the op.
@@ -262,6 +265,34 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
     }
 }
 
+/* One k16 step of this warp for MTS m16 tiles (MTS is a template argument: with the tile
+ * count known, the step is straight-line code, and ptxas issues the next step's ldmatrix
+ * under this step's MMAs; with a run-time count it branched around every MMA pair and paid
+ * each ldmatrix's latency in series, ~1.6 us per 64-MMA stage on the H200). A fragments of
+ * tile mt from a_at[mt]; B's 8 n8 tiles from the box page st, this lane's ldmatrix row b_row
+ * (the page's k-row, in the TMA's 128-B swizzle). */
+template <int MTS>
+__device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u32 (&a_at)[MTS],
+                                              mk_u32 st, mk_u32 b_row, int lane)
+{
+    mk_u32 a[MTS][4], b[4][4];
+#pragma unroll
+    for (int mt = 0; mt < MTS; ++mt)
+        mk_ldmatrix_x4(a[mt], a_at[mt]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
+        mk_ldmatrix_x4_trans(b[j], st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int mt = 0; mt < MTS; ++mt) {
+            mk_mma_bf16_16816(acc[mt][2 * j], a[mt], b[j]);
+            mk_mma_bf16_16816(acc[mt][2 * j + 1], a[mt], b[j] + 2);
+        }
+}
+
 /* The k loop with the ring: warp w takes stages s = w, w + 8, ... (stage s at position
  * pages.stream_pos + s, in slot pos % R with full parity (pos / R) & 1). For each, chunk by
  * chunk: its A chunk is requested, then (first chunk) the page waited for, then the chunk
@@ -275,9 +306,10 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
  * The warp's A buffer is written again (next chunk, next stage) only after the MMAs that used
  * the previous chunk's fragments were issued, i.e. after its ldmatrix reads returned, and
  * after a __syncwarp: no lane's copy overtakes another lane's read. */
+template <int MTS>
 __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const mk_tensor* op,
                                                      const mk_pages& pages,
-                                                     float (&acc)[2][8][4], int mts)
+                                                     float (&acc)[2][8][4])
 {
     mk_control& ctl = mk_ctl();
     const mk_tensor& TA = op[MK_ARG_A];
@@ -285,7 +317,7 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
     const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
-    const int kc = MK_STREAM_BOX_ROWS / mts, pitch = 2 * kc;
+    constexpr int kc = MK_STREAM_BOX_ROWS / MTS, pitch = 2 * kc;
     const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
     const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
     /* ldmatrix rows of this lane: A rows l % 16, unit l / 16 of the k16 step; B k-rows */
@@ -299,10 +331,10 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
         const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
         bool ok = true;
 #pragma unroll 1
-        for (int c = 0; c < mts; ++c) {
+        for (int c = 0; c < MTS; ++c) {
             const int kb = kc * c;            /* the chunk's first k-row in the stage */
             __syncwarp();                     /* every lane's reads of the buffer are done */
-            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, mts, in.klen,
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
                               MK_STREAM_BOX_ROWS * s + kb, a_vec);
             mk_cp_async_commit();
             if (c == 0)                       /* the page, while A is on its way */
@@ -311,28 +343,13 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
             __syncwarp();                     /* every lane's A copies visible to the warp */
             if (!ok)
                 continue;                     /* uniform: past the deadline, no MMAs */
-#pragma unroll 2
+#pragma unroll
             for (int ks = 0; ks < kc / 16; ++ks) {
-                mk_u32 a[2][4];
+                mk_u32 a_at[MTS];
 #pragma unroll
-                for (int mt = 0; mt < 2; ++mt)
-                    if (mt < mts)             /* uniform */
-                        mk_ldmatrix_x4(a[mt], mk_stream_chunk_at(buf, 16 * mt + a_r,
-                                                                 2 * ks + a_c, pitch));
-                const mk_u32 b_row = (mk_u32)(kb + 16 * ks) + b_lane;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
-                    mk_u32 b[4];
-                    mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
-#pragma unroll
-                    for (int mt = 0; mt < 2; ++mt) {
-                        if (mt >= mts)
-                            break;            /* uniform */
-                        mk_mma_bf16_16816(acc[mt][2 * j], a[mt], b);
-                        mk_mma_bf16_16816(acc[mt][2 * j + 1], a[mt], b + 2);
-                    }
-                }
+                for (int mt = 0; mt < MTS; ++mt)
+                    a_at[mt] = mk_stream_chunk_at(buf, 16 * mt + a_r, 2 * ks + a_c, pitch);
+                mk_stream_k16<MTS>(acc, a_at, st, (mk_u32)(kb + 16 * ks) + b_lane, lane);
             }
         }
         __syncwarp();
@@ -353,15 +370,15 @@ __device__ __forceinline__ void mk_stream_wait_a(int depth)
 /* The k loop without the ring: nst stages of B, each copied into page 2 by all 256 threads
  * (block barriers around it); warp w takes k16 step w of every stage; A through this warp's
  * ring, D - 1 stages ahead (cp.async groups: one per stage, maybe empty, so waiting until
- * D - 1 are in flight means "stage s landed"). One rolled loop and one body for every row
- * count: the m16 tiles past `mts` are skipped by a uniform branch (a body per row count makes
- * ptxas spill in every other op body). */
+ * D - 1 are in flight means "stage s landed"). A body per m16 tile count MTS, as the ring's
+ * (mk_gemm_stream is a function of its own: its registers are not the interpreter's). */
+template <int MTS>
 __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const mk_tensor* op,
                                                        const mk_pages& pages,
-                                                       float (&acc)[2][8][4], int mts)
+                                                       float (&acc)[2][8][4])
 {
-    const int room = mts <= 1 ? 1 : 2;       /* P above */
-    const int D = MK_STREAM_A_MAX_DEPTH / room;
+    constexpr int room = MTS;                /* P above */
+    constexpr int D = MK_STREAM_A_MAX_DEPTH / room;
     const mk_u32 slot_bytes = 512u * room, stage_bytes = 8u * slot_bytes;
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
@@ -381,7 +398,7 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
 #pragma unroll 1
     for (int t = 0; t < D - 1; ++t) {
         if (t < nst)
-            mk_stream_stage_a(a_slot(t), ga, TA.ld, in.rows, mts, in.klen,
+            mk_stream_stage_a(a_slot(t), ga, TA.ld, in.rows, MTS, in.klen,
                               MK_STREAM_BOX_ROWS * t + 16 * warp, a_vec);
         mk_cp_async_commit();
     }
@@ -389,29 +406,18 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
     for (int s = 0; s < nst; ++s) {
         const int ahead = s + D - 1;
         if (ahead < nst)
-            mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, mts, in.klen,
+            mk_stream_stage_a(a_slot(ahead), ga, TA.ld, in.rows, MTS, in.klen,
                               MK_STREAM_BOX_ROWS * ahead + 16 * warp, a_vec);
         mk_cp_async_commit();
         mk_stream_wait_a(D);
         __syncwarp();   /* every lane's copies of stage s visible to the warp's ldmatrix */
         mk_stream_fill_box(st, op[MK_ARG_B], in.k0 + MK_STREAM_BOX_ROWS * s, in.col0);
         mk_compute_sync();
-        const mk_u32 as = a_slot(s);
+        mk_u32 a_at[MTS];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
-            mk_u32 b[4];
-            mk_ldmatrix_x4_trans(b, st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
-#pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                if (mt >= mts)
-                    break;   /* uniform */
-                mk_u32 a[4];
-                mk_ldmatrix_x4(a, mk_stream_a_at(as, 16 * mt + a_r, a_c));
-                mk_mma_bf16_16816(acc[mt][2 * j], a, b);
-                mk_mma_bf16_16816(acc[mt][2 * j + 1], a, b + 2);
-            }
-        }
+        for (int mt = 0; mt < MTS; ++mt)
+            a_at[mt] = mk_stream_a_at(a_slot(s), 16 * mt + a_r, a_c);
+        mk_stream_k16<MTS>(acc, a_at, st, b_row, lane);
         mk_compute_sync();   /* every warp is done with page 2 before the next box */
     }
     mk_cp_async_wait_all();
@@ -489,11 +495,11 @@ __device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_t
     mk_compute_sync();
     if (tid == 0) {
         mk_u32* counter = reinterpret_cast<mk_u32*>(ctl.params.counters) + (mk_u32)in.out_row0;
-        __threadfence();
+        mk_fence_release();               /* + the strong add: a release pattern */
         const mk_u32 old = atomicAdd(counter, 1u);
         const bool last = old + 1u == (ctl.params.epoch + 1u) * parts;
         if (last)
-            __threadfence();
+            mk_fence_acquire();           /* the add read + fence: an acquire pattern */
         ctl.stream_last = last ? 1u : 0u;
     }
     mk_compute_sync();
@@ -531,10 +537,18 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 acc[mt][n][e] = 0.f;
-    if (pages.stream_stages > 0)
-        mk_stream_kloop_ring(in, op, pages, acc, (in.rows + 15) >> 4);
-    else
-        mk_stream_kloop_copied(in, op, pages, acc, (in.rows + 15) >> 4);
+    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
+    if (pages.stream_stages > 0) {
+        if (two)
+            mk_stream_kloop_ring<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_ring<1>(in, op, pages, acc);
+    } else {
+        if (two)
+            mk_stream_kloop_copied<2>(in, op, pages, acc);
+        else
+            mk_stream_kloop_copied<1>(in, op, pages, acc);
+    }
     mk_trace_mark(MK_T_COMPUTED);
     mk_stream_reduce(pages, acc, in.rows);
     pages.release(1, 3);
