@@ -22,8 +22,10 @@ and stages, or instructions) of
                     hand-over)
 
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
-at most F copies in flight; `noA`, no A staging: the MMAs read stale A; `Arot`, A's k slices
-in an order rotated by the SM; the last two give wrong results, timing only), each
+at most F copies in flight; `flagcombine`, a band's parts meet through stamped partials
+instead of the combine counter (see _COMBINE_FLAGGED); `noA`, no A staging: the MMAs read
+stale A; `Arot`, A's k slices in an order rotated by the SM; the last two give wrong results,
+timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
@@ -35,6 +37,7 @@ on the GPU machine's spare cores while its other steps run.
 """
 import argparse
 import statistics
+from pathlib import Path
 
 import numpy as np
 
@@ -69,9 +72,78 @@ _NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen
 _A_ROTATED = [("MK_STREAM_BOX_ROWS * s + kb, a_vec);",
                "MK_STREAM_BOX_ROWS * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
 
+# The band's combine with its partials as stamped words (device/flag.cuh), no counter: the
+# parts other than the last store their partial rows as one st.relaxed.gpu.b64 word per element
+# (the value and this invocation's stamp) and are done; the last part polls the others' words
+# until they carry the stamp, sums in part order (as built: identical results) and runs the
+# epilogue. Against "asbuilt" (weak stores, fence.release, the counter's add, fence.acquire,
+# the loads): what the two fences and the add cost on the layer's critical path. Timing only:
+# it relies on a band's parts running on different SMs (a poll past the deadline gives up and
+# the result is wrong) and on rows <= 32 at row0 = 0 (word (r, c) of part p: fp32 elements
+# 2 (c % 32), + 1 of partials row 64 p + r + 32 (c / 32)).
+_GEMM_STREAM = (Path(__file__).resolve().parents[1] / "megak" / "device" / "ops" /
+                "gemm_stream.cuh").read_text()
+_COMBINE_AS_BUILT = _GEMM_STREAM[
+    _GEMM_STREAM.index("__device__ __forceinline__ bool mk_stream_combine("):
+    _GEMM_STREAM.index("/* All 256 compute threads. */")]
+_COMBINE_FLAGGED = """__device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_tensor* op,
+                                                  const mk_pages& pages)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_u32 parts = mk_stream_parts(in), part = mk_stream_part(in);
+    if (parts <= 1)
+        return true;
+    const mk_tensor& TS = op[MK_ARG_SPARE];
+    const int tid = (int)threadIdx.x, rows = in.rows, cols = in.cols;
+    const mk_u32 stamp = ctl.params.stamp;
+    float* const gs = reinterpret_cast<float*>(TS.ptr);
+    auto word = [&](mk_u32 p, int r, int c) -> mk_u64* {
+        return reinterpret_cast<mk_u64*>(
+            gs + (mk_u64)(p * (mk_u32)MK_STREAM_M + (mk_u32)in.row0 + r + 32 * (c >> 5)) * TS.ld +
+            in.col0 + 2 * (c & 31));
+    };
+    if (part + 1u != parts) {
+        for (int i = tid; i < rows * 64; i += MK_THREADS) {
+            const int r = i >> 6, c = i & 63;
+            if (c < cols)
+                mk_flag_st(word(part, r, c),
+                           mk_gemm_stage_at(pages[r / MK_GEMM_STAGE_ROWS], r, c >> 2)[c & 3],
+                           stamp);
+        }
+        return false;
+    }
+    const mk_u64 deadline = mk_deadline(ctl.params.timeout_ns);
+    for (int i = tid; i < rows * 64; i += MK_THREADS) {
+        const int r = i >> 6, c = i & 63;
+        if (c >= cols)
+            continue;
+        float* const mine = mk_gemm_stage_at(pages[r / MK_GEMM_STAGE_ROWS], r, c >> 2) + (c & 3);
+        float sum = 0.f;
+        for (mk_u32 p = 0; p < parts; ++p) {
+            if (p == part) {
+                sum += *mine;
+                continue;
+            }
+            mk_u64 w = mk_flag_ld(word(p, r, c));
+            for (mk_u32 n = 1; (mk_u32)(w >> 32) != stamp; ++n) {
+                if ((n & 63u) == 0u && mk_globaltimer() > deadline)
+                    break;
+                w = mk_flag_ld(word(p, r, c));
+            }
+            sum += __uint_as_float((mk_u32)w);
+        }
+        *mine = sum;
+    }
+    mk_compute_sync();
+    return true;
+}
+
+"""
+_FLAG_COMBINE = [(_COMBINE_AS_BUILT, _COMBINE_FLAGGED)]
+
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
-            "noA": _NO_A, "noA-cap4": _NO_A + cap(4), "Arot": _A_ROTATED,
-            "Arot-cap4": _A_ROTATED + cap(4)}
+            "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
+            "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4)}
 
 _RUN_TAIL = """    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
     if (pages.stream_stages > 0) {

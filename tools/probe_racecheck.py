@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Probe: which of the megakernel's synchronisation compute-sanitizer's racecheck follows,
+measured before changing the device code to make tools/sanitize.sh's racecheck clean.
+
+tools/sanitize.sh reports two hazard classes that the PTX memory model orders (ANALYSIS.md,
+"The weight stream: a warp per stage"):
+
+  slot records   compute thread t reads slot q's record; the compute barrier (bar.sync 1,
+                 256); thread 0 arrives on empty[q & 1]; loader lane 0 waits on it and
+                 writes instruction q + 2's record into the slot
+  ring_issued    the streamer's st.release.cta of a slot's issued position against the
+                 compute warps' ld.acquire.cta of it (stream.cuh, "which phase")
+
+Each variant is a text replacement of the device source; the program is sanitize_graph's
+ring_graph (two streamed GEMMs through the weight ring on one SM: both classes), run as
+launches and checked against float64:
+
+  asbuilt        the source unchanged
+  empty-all      every compute thread arrives on the slot's empty barrier (count MK_THREADS)
+                 instead of thread 0 after the compute barrier: does racecheck carry the
+                 barrier's ordering into one thread's arrive?
+  issued-atomic  ring_issued through atom.release / atom.acquire (cta, shared) instead of
+                 st.release / ld.acquire: does racecheck take those as synchronisation?
+  all-syncwarp   both, and a __syncwarp after loader lane 0's wait on empty: does racecheck
+                 carry lane 0's acquire to the lanes that write the record?
+  all-lanes-wait both, and every loader lane waits on empty itself
+
+--w1 also times W1 (benchmarks/workloads.py: 1,000 dependent one-instruction copies on
+distinct SMs) under the variant: what the change costs the hop.
+
+    python3 tools/probe_racecheck.py VARIANT        (plain: checks, fills the compile cache)
+    compute-sanitizer --tool racecheck --racecheck-report all \\
+        python3 tools/probe_racecheck.py VARIANT
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import megak  # noqa: E402
+from megak.dtypes import numpy_dtype  # noqa: E402
+from megak.runtime import compiler  # noqa: E402
+import sanitize_graph as sg  # noqa: E402
+
+_EMPTY_INIT = "        mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */\n"
+_EMPTY_INIT_RESIDENT = "            mk_mbar_init(&ctl.empty[i], 1u);\n"
+_SIGNAL = "        if (tid == 0)\n            mk_compute_signal(q);\n"
+_ISSUED_STORE = "mk_st_release_shared(&ctl.ring_issued[slot], pos);"
+_ISSUED_LOAD = "mk_ld_acquire_shared(&ctl.ring_issued[slot])"
+_ATOMICS = """__device__ __forceinline__ void mkp_issued_release(mk_u32* p, mk_u32 v)
+{
+    mk_u32 old;
+    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;"
+                 : "=r"(old) : "r"((mk_u32)__cvta_generic_to_shared(p)), "r"(v) : "memory");
+}
+__device__ __forceinline__ mk_u32 mkp_issued_acquire(mk_u32* p)
+{
+    mk_u32 v;
+    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;"
+                 : "=r"(v) : "r"((mk_u32)__cvta_generic_to_shared(p)) : "memory");
+    return v;
+}
+"""
+
+VARIANTS = {
+    "asbuilt": [],
+    "empty-all": [
+        (_EMPTY_INIT, "        mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);\n"),
+        (_EMPTY_INIT_RESIDENT, "            mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);\n"),
+        (_SIGNAL, _SIGNAL + "        else\n            mk_mbar_arrive(&ctl.empty[q & 1]);\n"),
+    ],
+    "issued-atomic": [
+        # the helpers go in front of the stream header's first user of the word
+        ("#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n",
+         "#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n" + _ATOMICS),
+        (_ISSUED_STORE, "mkp_issued_release(&ctl.ring_issued[slot], pos);"),
+        (_ISSUED_LOAD, "mkp_issued_acquire(&ctl.ring_issued[slot])"),
+    ],
+}
+_LOADER_WAIT = ("        if (q >= 2 && lane == 0 &&\n"
+                "            !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, "
+                "mk_deadline(p.timeout_ns)))\n")
+_LOADER_SHFL = "        error = __shfl_sync(0xffffffffu, error, 0);\n        /* L2 */\n"
+VARIANTS["all-syncwarp"] = (VARIANTS["empty-all"] + VARIANTS["issued-atomic"] +
+                            [(_LOADER_SHFL, "        __syncwarp();\n" + _LOADER_SHFL)])
+VARIANTS["all-lanes-wait"] = (VARIANTS["empty-all"] + VARIANTS["issued-atomic"] +
+                              [(_LOADER_WAIT, _LOADER_WAIT.replace(" && lane == 0", ""))])
+_COUNTS = {_ISSUED_LOAD: 2}   # replacements expected more than once
+
+
+def patched(src: str, variant: str) -> str:
+    for old, new in VARIANTS[variant]:
+        n = src.count(old)
+        assert n == _COUNTS.get(old, 1), (variant, old, n)
+        src = src.replace(old, new)
+    return src
+
+
+def time_w1(variant: str) -> int:
+    """W1's megak figure under the variant: the median of 200 runs, per op."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.workloads import FACTORIES
+    from megak.runtime.bench import Bench
+    w = FACTORIES["W1"]()
+    prog = megak.compile(w.build(), backend="cuda")
+    b = Bench(prog)
+    b.upload(**w.make_inputs(np.random.default_rng(3)))
+    t = float(np.median(b.time_megakernel(reps=200)))
+    b.close()
+    prog.close()
+    print(f"probe_racecheck: {variant}: W1 {t / w.work:.4f} us/op (median of 200)", flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("variant", choices=sorted(VARIANTS))
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--w1", action="store_true", help="time W1 instead (no checks)")
+    args = ap.parse_args(argv)
+    original = compiler.device_source
+    compiler.device_source = lambda: patched(original(), args.variant)
+    if args.w1:
+        return time_w1(args.variant)
+    bf16 = numpy_dtype("bfloat16")
+    rng = np.random.default_rng(7)
+    g = sg.ring_graph()
+    prog = megak.compile(g, backend="cuda", n_sm=1, timeout_s=120.0, debug=True)
+    ok = True
+    try:
+        for run in range(args.runs):
+            w = {"xr": rng.uniform(-1, 1, sg.RING_X).astype(np.float32).astype(bf16),
+                 "wr1": (rng.uniform(-1, 1, (sg.RING_X[1], sg.RING_N)) * 0.05)
+                 .astype(np.float32).astype(bf16),
+                 "wr2": (rng.uniform(-1, 1, (sg.RING_N, sg.RING_N2)) * 0.2)
+                 .astype(np.float32).astype(bf16)}
+            good, msg = sg.check_reference(g, w, prog.run(**w)["zr"], "zr",
+                                           f"run {run}, variant {args.variant}")
+            print(("ok   " if good else "FAIL ") + msg, flush=True)
+            ok = ok and good
+    finally:
+        prog.close()
+    print(f"probe_racecheck: {args.variant}: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
