@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
-#   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes]
+#   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -14,6 +14,8 @@
 #   probes    the weight stream's probes: tools/probe_stream_stages.py (as built, with the
 #             copies in flight capped, without A, with A rotated; 1024 x 16 in 1 and 8
 #             parts) and tools/probe_weight_stream.py --shapes                 -> probes.log
+#   callpath  tools/probe_run_steps.py: a repeated run() call's time, step by step
+#             (the W7 workloads)                                               -> callpath.log
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. NVRTC builds are cached under $XDG_CACHE_HOME (default
@@ -90,8 +92,14 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             tail -n 5 "$OUT/probes.log"
             ;;
+        callpath)
+            timeout 200 python3 tools/probe_run_steps.py > "$OUT/callpath.log" 2>&1
+            rc=$?
+            tail -n 3 "$OUT/callpath.log"
+            ;;
         *)
-            echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes)"
+            echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
+                 "callpath)"
             rc=2
             ;;
     esac

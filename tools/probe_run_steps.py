@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Probe: where a repeated `prog.run(out=..., **tensors)` call's time goes, step by step.
+
+The W7 report rows give one figure per call: wall-clock minus the launch's device time. On
+the H200 (benchmarks/ANALYSIS.md) that host share was 9.3 us for the one-copy program and
+40 us for the 16-layer chain (17 tensors), so something grows with the call. For each W7
+workload this times, with the same torch tensors as the report (inputs and every output
+given as `out=`, a bound call), the median over N calls of:
+
+  key          Program._call_key: the identity of every tensor (torch accessors per tensor)
+  lookup       Program._bound_call: the key plus the call cache's lookup
+  stream       interop.current_stream: torch's current stream, as the fast path asks
+  enqueue      executor.launch_bound: the driver's enqueue of the launch, no wait
+  run_bound    executor.run_bound: launch and wait on the mapped host word (the fast path
+               minus the key and the stream)
+  run          prog.run, the whole call (the report's megak_run)
+  device       the launch timed by CUDA events behind a spin kernel (the report's device
+               figure)
+  idle gap     run_bound - device: launch latency on an idle GPU and the completion seen
+               by the host
+
+    python tools/probe_run_steps.py [--n 1000] [--workloads W7-call-copy W7-call-mlp1024]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a checkout
+
+import megak  # noqa: E402
+from megak import interop  # noqa: E402
+
+
+def median_us(fn, n: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fn()
+        t.append(time.perf_counter_ns() - t0)
+    return statistics.median(t) / 1e3
+
+
+def steps(name: str, n: int) -> dict:
+    from benchmarks import report
+    from benchmarks.workloads import FACTORIES
+    w = FACTORIES[name]()
+    env = report.TorchEnv()
+    inputs = w.make_inputs(np.random.default_rng(5))
+    prog = megak.compile(w.build(), backend="cuda")
+    try:
+        plan = prog.plan
+        tin = env.to_device(inputs)
+        outs = {o: env.empty(plan.output_shapes[o], plan.tensors[slot].dtype)
+                for o, slot in plan.outputs.items()}
+        prog.run(out=outs, **tin)          # binds the call
+        _, call = prog._bound_call(tin, outs)
+        if call is None:
+            raise RuntimeError(f"{name}: the call did not bind (no fast path)")
+        ex = prog._executor
+        h = interop.current_stream(call.kind, ex.ordinal)
+        out = {"tensors": len(tin) + len(outs)}
+        out["key"] = median_us(lambda: prog._call_key(tin, outs), n)
+        out["lookup"] = median_us(lambda: prog._bound_call(tin, outs), n)
+        out["stream"] = median_us(lambda: interop.current_stream(call.kind, ex.ordinal), n)
+
+        def enqueue_then_wait():
+            t0 = time.perf_counter_ns()
+            ticket = ex.launch_bound(call.binding, h)
+            t = time.perf_counter_ns() - t0
+            ex.wait(ticket)
+            return t
+        for _ in range(20):
+            enqueue_then_wait()
+        out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
+        out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
+        out["run"] = median_us(lambda: prog.run(out=outs, **tin), n)
+        dev, handles = env.device_times(lambda: prog.launch(out=outs, **tin), min(n, 200), 10)
+        for hd in handles:
+            hd.wait()
+        out["device"] = float(np.median(dev))
+        out["idle gap"] = out["run_bound"] - out["device"]
+        return out
+    finally:
+        prog.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--workloads", nargs="*", default=["W7-call-copy", "W7-call-mlp1024"])
+    args = ap.parse_args(argv)
+    for name in args.workloads:
+        s = steps(name, args.n)
+        print(f"{name:18s} " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in s.items()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
