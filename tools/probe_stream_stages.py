@@ -145,37 +145,14 @@ VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4)}
 
-_RUN_TAIL = """    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
-    if (pages.stream_stages > 0) {
-        if (two)
-            mk_stream_kloop_ring<2>(in, op, pages, acc);
-        else
-            mk_stream_kloop_ring<1>(in, op, pages, acc);
-    } else {
-        if (two)
-            mk_stream_kloop_copied<2>(in, op, pages, acc);
-        else
-            mk_stream_kloop_copied<1>(in, op, pages, acc);
-    }
-    mk_trace_mark(MK_T_COMPUTED);
+# the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
+_RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
     mk_stream_reduce(pages, acc, in.rows);
     pages.release(1, 3);
     if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
 """
-_RUN_TAIL_MARKED = """    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
-    if (pages.stream_stages > 0) {
-        if (two)
-            mk_stream_kloop_ring<2>(in, op, pages, acc);
-        else
-            mk_stream_kloop_ring<1>(in, op, pages, acc);
-    } else {
-        if (two)
-            mk_stream_kloop_copied<2>(in, op, pages, acc);
-        else
-            mk_stream_kloop_copied<1>(in, op, pages, acc);
-    }
-    const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
+_RUN_TAIL_MARKED = """    const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
     if (mkp_on) MKP(pages.stream_pos, 5);
     mk_trace_mark(MK_T_COMPUTED);
     mk_stream_reduce(pages, acc, in.rows);
