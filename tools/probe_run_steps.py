@@ -38,14 +38,9 @@ from megak import interop  # noqa: E402
 
 
 def median_us(fn, n: int, warmup: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    t = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        t.append(time.perf_counter_ns() - t0)
-    return statistics.median(t) / 1e3
+    """The report's per-call timing (benchmarks.report.time_calls), its median."""
+    from benchmarks.report import time_calls
+    return float(np.median(time_calls(fn, n, warmup)))
 
 
 def steps(name: str, n: int) -> dict:
