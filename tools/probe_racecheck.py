@@ -1,32 +1,22 @@
 #!/usr/bin/env python3
-"""Probe: which of the megakernel's synchronisation compute-sanitizer's racecheck follows,
-measured before changing the device code to make tools/sanitize.sh's racecheck clean.
+"""Probe: compute-sanitizer's racecheck on the weight ring alone, and what it follows.
 
-tools/sanitize.sh reports two hazard classes that the PTX memory model orders (ANALYSIS.md,
-"The weight stream: a warp per stage"):
+tools/sanitize_graph.py's ring_graph (two streamed GEMMs through the weight ring on one SM),
+run as launches and checked against float64, under the device source as built or
+text-patched (VARIANTS), so that a racecheck run shows which hazards a change of the
+synchronisation clears before the change is made. The variants put back what the source had
+before it was made racecheck-clean (benchmarks/ANALYSIS.md has the measured table):
 
-  slot records   compute thread t reads slot q's record; the compute barrier (bar.sync 1,
-                 256); thread 0 arrives on empty[q & 1]; loader lane 0 waits on it and
-                 writes instruction q + 2's record into the slot
-  ring_issued    the streamer's st.release.cta of a slot's issued position against the
-                 compute warps' ld.acquire.cta of it (stream.cuh, "which phase")
+  asbuilt        the source unchanged: racecheck reports nothing
+  thread0-arrive the slot's empty barrier completed by compute thread 0 alone after the
+                 compute barrier (count 1), and waited for by loader lane 0 alone: racecheck
+                 follows an mbarrier thread by thread, so it reports every compute thread's
+                 read of a record against the loader's next write into the slot
+  issued-plain   ring_issued through st.release / ld.acquire (cta, shared) instead of
+                 atomics: racecheck reports the store against the loads
 
-Each variant is a text replacement of the device source; the program is sanitize_graph's
-ring_graph (two streamed GEMMs through the weight ring on one SM: both classes), run as
-launches and checked against float64:
-
-  asbuilt        the source unchanged
-  empty-all      every compute thread arrives on the slot's empty barrier (count MK_THREADS)
-                 instead of thread 0 after the compute barrier: does racecheck carry the
-                 barrier's ordering into one thread's arrive?
-  issued-atomic  ring_issued through atom.release / atom.acquire (cta, shared) instead of
-                 st.release / ld.acquire: does racecheck take those as synchronisation?
-  all-syncwarp   both, and a __syncwarp after loader lane 0's wait on empty: does racecheck
-                 carry lane 0's acquire to the lanes that write the record?
-  all-lanes-wait both, and every loader lane waits on empty itself
-
---w1 also times W1 (benchmarks/workloads.py: 1,000 dependent one-instruction copies on
-distinct SMs) under the variant: what the change costs the hop.
+--w1 times W1 (benchmarks/workloads.py: 1,000 dependent one-instruction copies on distinct
+SMs) under the variant instead: what the synchronisation costs the hop.
 
     python3 tools/probe_racecheck.py VARIANT        (plain: checks, fills the compile cache)
     compute-sanitizer --tool racecheck --racecheck-report all \\
@@ -48,21 +38,23 @@ from megak.dtypes import numpy_dtype  # noqa: E402
 from megak.runtime import compiler  # noqa: E402
 import sanitize_graph as sg  # noqa: E402
 
-_EMPTY_INIT = "        mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */\n"
-_EMPTY_INIT_RESIDENT = "            mk_mbar_init(&ctl.empty[i], 1u);\n"
-_SIGNAL = "        if (tid == 0)\n            mk_compute_signal(q);\n"
-_ISSUED_STORE = "mk_st_release_shared(&ctl.ring_issued[slot], pos);"
-_ISSUED_LOAD = "mk_ld_acquire_shared(&ctl.ring_issued[slot])"
-_ATOMICS = """__device__ __forceinline__ void mkp_issued_release(mk_u32* p, mk_u32 v)
+_EMPTY_INIT = ("        mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);   "
+               "/* every compute thread */\n")
+_EMPTY_INIT_RESIDENT = "            mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);\n"
+_SIGNAL = ("        if (tid == 0)\n            mk_compute_signal(q);\n        else\n"
+           "            mk_mbar_arrive(&ctl.empty[q & 1]);\n")
+_LOADER_WAIT = "        if (q >= 2 &&\n            !mk_mbar_wait(&ctl.empty[q & 1],"
+_ISSUED_STORE = "mk_issued_publish(&ctl.ring_issued[slot], pos);"
+_ISSUED_LOAD = "mk_issued_read(&ctl.ring_issued[slot])"
+_PLAIN = """__device__ __forceinline__ void mkp_issued_release(mk_u32* p, mk_u32 v)
 {
-    mk_u32 old;
-    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;"
-                 : "=r"(old) : "r"((mk_u32)__cvta_generic_to_shared(p)), "r"(v) : "memory");
+    asm volatile("st.release.cta.shared::cta.u32 [%0], %1;"
+                 : : "r"((mk_u32)__cvta_generic_to_shared(p)), "r"(v) : "memory");
 }
 __device__ __forceinline__ mk_u32 mkp_issued_acquire(mk_u32* p)
 {
     mk_u32 v;
-    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;"
+    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];"
                  : "=r"(v) : "r"((mk_u32)__cvta_generic_to_shared(p)) : "memory");
     return v;
 }
@@ -70,27 +62,20 @@ __device__ __forceinline__ mk_u32 mkp_issued_acquire(mk_u32* p)
 
 VARIANTS = {
     "asbuilt": [],
-    "empty-all": [
-        (_EMPTY_INIT, "        mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);\n"),
-        (_EMPTY_INIT_RESIDENT, "            mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);\n"),
-        (_SIGNAL, _SIGNAL + "        else\n            mk_mbar_arrive(&ctl.empty[q & 1]);\n"),
+    "thread0-arrive": [
+        (_EMPTY_INIT, "        mk_mbar_init(&ctl.empty[i], 1u);\n"),
+        (_EMPTY_INIT_RESIDENT, "            mk_mbar_init(&ctl.empty[i], 1u);\n"),
+        (_SIGNAL, "        if (tid == 0)\n            mk_compute_signal(q);\n"),
+        (_LOADER_WAIT, _LOADER_WAIT.replace("q >= 2 &&", "q >= 2 && lane == 0 &&")),
     ],
-    "issued-atomic": [
+    "issued-plain": [
         # the helpers go in front of the stream header's first user of the word
         ("#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n",
-         "#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n" + _ATOMICS),
+         "#ifndef MEGAK_STREAM_CUH\n#define MEGAK_STREAM_CUH\n" + _PLAIN),
         (_ISSUED_STORE, "mkp_issued_release(&ctl.ring_issued[slot], pos);"),
         (_ISSUED_LOAD, "mkp_issued_acquire(&ctl.ring_issued[slot])"),
     ],
 }
-_LOADER_WAIT = ("        if (q >= 2 && lane == 0 &&\n"
-                "            !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, "
-                "mk_deadline(p.timeout_ns)))\n")
-_LOADER_SHFL = "        error = __shfl_sync(0xffffffffu, error, 0);\n        /* L2 */\n"
-VARIANTS["all-syncwarp"] = (VARIANTS["empty-all"] + VARIANTS["issued-atomic"] +
-                            [(_LOADER_SHFL, "        __syncwarp();\n" + _LOADER_SHFL)])
-VARIANTS["all-lanes-wait"] = (VARIANTS["empty-all"] + VARIANTS["issued-atomic"] +
-                              [(_LOADER_WAIT, _LOADER_WAIT.replace(" && lane == 0", ""))])
 _COUNTS = {_ISSUED_LOAD: 2}   # replacements expected more than once
 
 

@@ -22,7 +22,16 @@
  *
  * Two slots (mk_control.slot[q & 1]) carry record, operand descriptors, page table and the
  * loader's verdict; each has two mbarriers: full (loader -> compute: the slot and the preloaded
- * bytes are ready) and empty (compute -> loader: the slot may be refilled). Pages move through
+ * bytes are ready) and empty (compute -> loader: the slot may be refilled).
+ *
+ * The slot's empty barrier counts MK_THREADS arrivals, one per compute thread after the
+ * compute barrier (C4), and every loader lane waits on it before writing the slot (L1). One
+ * thread's arrive after the barrier, and one lane's wait followed by __syncwarp, order the
+ * same accesses in the PTX memory model (release and acquire are cumulative), but
+ * compute-sanitizer's racecheck follows an mbarrier thread by thread and reported every
+ * compute thread's read of a record against the loader's next write into it; with each
+ * thread's own arrive and wait it reports none, and the hop costs the same (W1 0.373 against
+ * 0.375 us/op: tools/probe_racecheck.py, benchmarks/ANALYSIS.md). Pages move through
  * the allocator mask: the loader takes them (atomic and), the compute warps give them back
  * (release-or) as soon as the running op's page plan allows, so the loader of q+1 can fill
  * pages while q still computes. Steps: L1-L7 in mk_loader, C1-C4 in the kernel's loop.
@@ -437,7 +446,7 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                     go = false;
                     break;
                 }
-                mk_st_release_shared(&ctl.ring_issued[slot], pos);   /* stream.cuh */
+                mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
                 mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);
                 mk_tma_load_2d(ring0 + slot * (mk_u32)MK_PAGE_BYTES, tmap, c0,
                                r0 + (int)(s * MK_STREAM_BOX_ROWS), &ctl.ring_full[slot], policy);
@@ -456,7 +465,9 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
 /* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead
  * of the compute warps.
  *
- *   L1. wait until slot q & 1 is empty (the compute warps finished q - 2)
+ *   L1. wait until slot q & 1 is empty (the compute warps finished q - 2), every lane
+ *       itself: each lane's own acquire of the phase orders the compute threads' reads of
+ *       the slot before its writes of the next record (see "The slot's empty barrier")
  *   L2. fetch record q and its operand descriptors; validate (lane 0)
  *   L3. acquire its pages (waiting for the ones q - 1 still holds)
  *   L4. early preload: operand B of the op's first stages, when B has no producer
@@ -481,7 +492,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
         mk_u32 error = MK_OK;
         /* L1 (past the deadline: MK_ERR_TIMEOUT with expected 0, which no counter wait has:
          * the host reports it as a wait for this SM's own instruction) */
-        if (q >= 2 && lane == 0 &&
+        if (q >= 2 &&
             !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, mk_deadline(p.timeout_ns)))
             error = MK_ERR_TIMEOUT;
         error = __shfl_sync(0xffffffffu, error, 0);
@@ -655,7 +666,9 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
  *   C1. wait for full[q & 1] (all 256 threads: each acquires the slot and the preloads)
  *   C2. run the op; it hands pages back early where its page plan says so
  *   C3. compute barrier: every thread's global writes done, pages no longer read
- *   C4. thread 0: signal, release the remaining pages, arrive on empty[q & 1]
+ *   C4. thread 0: signal, release the remaining pages, arrive on empty[q & 1]; every other
+ *       compute thread arrives on it right after the barrier (the phase completes with
+ *       thread 0's arrival, the last of its work)
  * A function of its own, called after setmaxnreg.inc: ptxas then allocates it (like the op
  * bodies) with the compute warps' register budget instead of the entry's 168. Inlined into the
  * entry in the MK_WGMMA_ONLY variant, with the wgmma body (pages.cuh). */
@@ -716,6 +729,8 @@ __device__ __noinline__ void mk_compute()
         /* C4 */
         if (tid == 0)
             mk_compute_signal(q);
+        else
+            mk_mbar_arrive(&ctl.empty[q & 1]);
     }
     if (tid == 0) {
 #if MK_WGMMA_ONLY
@@ -884,7 +899,7 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
     ctl.free_pages = ring_ok ? mk_all_pages_mask(n_pages - ring) : 0u;
     for (int i = 0; i < 2; ++i) {
         mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
-        mk_mbar_init(&ctl.empty[i], 1u);        /* compute thread 0 */
+        mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);   /* every compute thread */
     }
     mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
     ctl.stream_error = 0;
@@ -1273,7 +1288,7 @@ megakernel_resident(const mk_resident_args a)
         mk_mbar_init(&ctl.request_done, MK_JOIN_THREADS - 1u);
         for (int i = 0; i < 2; ++i) {     /* valid from the start: each request invalidates */
             mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
-            mk_mbar_init(&ctl.empty[i], 1u);
+            mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);
         }
         ctl.ring_inited = 0;   /* each request's set-up initialises the ring it needs */
         ctl.wgmma_inited = 0;  /* the first wgmma GEMM initialises its barriers */

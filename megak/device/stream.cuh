@@ -29,9 +29,9 @@
  *     so the reader of pos must know that pos - R has landed (else the phase of pos - 2 R,
  *     same parity, reads as complete). With every warp reading every stage the reader had
  *     read pos - R itself; with one warp per stage it has not, so the streamer publishes
- *     ring_issued[slot] = pos (st.release, cta) after its wait for pos - R's reader and
- *     before the copy, and the reader waits for that value (ld.acquire) before the parity
- *     wait. Seeing it, the reader knows pos - R was read, hence landed; and pos + R cannot
+ *     ring_issued[slot] = pos (an atomic exchange with release semantics, cta) after its
+ *     wait for pos - R's reader and before the copy, and the reader waits for that value
+ *     (atomic reads with acquire semantics) before the parity wait. Seeing it, the reader knows pos - R was read, hence landed; and pos + R cannot
  *     be issued before the reader itself arrives: the slot's phase is that of pos or the
  *     one before. Thread 0 sets every ring_issued to ~0 (no position) in the set-up.
  *   - reader -> next copy into the slot (write after read): the one warp that reads a page
@@ -150,18 +150,22 @@ __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32
 }
 
 /* ring_issued[slot]: the streamer's publication of the position it issued into the slot,
- * and the reader's wait for it (see "which phase" above). */
-__device__ __forceinline__ void mk_st_release_shared(mk_u32* p, mk_u32 v)
+ * and the reader's wait for it (see "which phase" above). Atomics with release / acquire
+ * semantics: the order st.release / ld.acquire would give, and compute-sanitizer's racecheck
+ * takes shared-memory atomics as synchronisation where it reports the plain release store
+ * against the acquire loads as a race (tools/probe_racecheck.py). */
+__device__ __forceinline__ void mk_issued_publish(mk_u32* p, mk_u32 v)
 {
-    asm volatile("st.release.cta.shared::cta.u32 [%0], %1;" : : "r"(mk_smem_addr(p)), "r"(v)
-                 : "memory");
+    mk_u32 old;
+    asm volatile("atom.release.cta.shared::cta.exch.b32 %0, [%1], %2;"
+                 : "=r"(old) : "r"(mk_smem_addr(p)), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ mk_u32 mk_ld_acquire_shared(const mk_u32* p)
+__device__ __forceinline__ mk_u32 mk_issued_read(mk_u32* p)
 {
     mk_u32 v;
-    asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(mk_smem_addr(p))
-                 : "memory");
+    asm volatile("atom.acquire.cta.shared::cta.or.b32 %0, [%1], 0;"
+                 : "=r"(v) : "r"(mk_smem_addr(p)) : "memory");
     return v;
 }
 

@@ -205,13 +205,13 @@ __device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot
 {
     if (mk_ring_stopped())
         return false;
-    bool issued = mk_ld_acquire_shared(&ctl.ring_issued[slot]) == pos;
+    bool issued = mk_issued_read(&ctl.ring_issued[slot]) == pos;
     if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
         return true;
     const mk_u64 deadline = mk_deadline(ctl.params.timeout_ns);
     mk_u32 n = 0;
     for (;;) {
-        issued = issued || mk_ld_acquire_shared(&ctl.ring_issued[slot]) == pos;
+        issued = issued || mk_issued_read(&ctl.ring_issued[slot]) == pos;
         if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
             return true;
         if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
