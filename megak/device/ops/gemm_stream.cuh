@@ -147,6 +147,23 @@ __device__ __forceinline__ uint4 mk_ld_u16x8(const mk_u16* src, int n)
     return make_uint4((mk_u32)lo, (mk_u32)(lo >> 32), (mk_u32)hi, (mk_u32)(hi >> 32));
 }
 
+/* One 16-B unit of A into shared memory at dst: row r, k-columns [k, k + 8) relative to the
+ * tile origin ga, zeros past rows and klen. vec: cp.async (the caller commits), else
+ * synchronous scalar loads. Both of A's copies (with and without the ring) go through it. */
+__device__ __forceinline__ void mk_stream_a_unit(mk_u32 dst, const mk_u16* ga, mk_u32 lda,
+                                                 int r, int k, int rows, int klen, bool vec)
+{
+    const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
+    const mk_u16* src = ga + (mk_u64)r * lda + k;
+    if (vec) {
+        mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
+    } else {
+        const uint4 w = mk_ld_u16x8(src, n);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                     : : "r"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
+    }
+}
+
 /* This warp's A slice of stage t into `slot`: rows [0, 16 mts), k [kk, kk + 16) relative to the
  * tile origin ga (zeros past rows and klen). vec: cp.async (the caller commits), else
  * synchronous scalar loads. */
@@ -157,17 +174,7 @@ __device__ __forceinline__ void mk_stream_stage_a(mk_u32 slot, const mk_u16* ga,
 #pragma unroll 1
     for (int i = lane; i < 32 * mts; i += 32) {
         const int r = i >> 1, c = i & 1;
-        const int k = kk + 8 * c;
-        const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
-        const mk_u16* src = ga + (mk_u64)r * lda + k;
-        const mk_u32 dst = mk_stream_a_at(slot, r, c);
-        if (vec) {
-            mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
-        } else {
-            const uint4 w = mk_ld_u16x8(src, n);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                         : : "r"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
-        }
+        mk_stream_a_unit(mk_stream_a_at(slot, r, c), ga, lda, r, kk + 8 * c, rows, klen, vec);
     }
 }
 
@@ -251,17 +258,8 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
 #pragma unroll 1
     for (int i = lane; i < 256; i += 32) {
         const int r = i >> shift, u = i & ((1 << shift) - 1);
-        const int k = kk + 8 * u;
-        const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
-        const mk_u16* src = ga + (mk_u64)r * lda + k;
-        const mk_u32 dst = mk_stream_chunk_at(buf, r, u, pitch);
-        if (vec) {
-            mk_cp_async_16_zfill(dst, n > 0 ? src : ga, 2u * (mk_u32)n);
-        } else {
-            const uint4 w = mk_ld_u16x8(src, n);
-            asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
-                         : : "r"(dst), "r"(w.x), "r"(w.y), "r"(w.z), "r"(w.w) : "memory");
-        }
+        mk_stream_a_unit(mk_stream_chunk_at(buf, r, u, pitch), ga, lda, r, kk + 8 * u, rows,
+                         klen, vec);
     }
 }
 
