@@ -106,7 +106,8 @@ TARGETS: dict[str, Target] = {
 }
 
 #: the megakernel itself, in its forms: never the "best other variant" it is compared with
-MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "megak_resident")
+MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch",
+                  "megak_resident")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
@@ -531,6 +532,7 @@ def render_hop(doc: dict) -> list[str]:
 #: bar colour of each variant compared with megak (others: matplotlib's cycle)
 CHART_COLORS = {"separate": "#4c72b0", "graph": "#55a868", "graph_pdl": "#2ca7a0",
                 "torch": "#c44e52", "torch_graph": "#8172b2", "megak_launch": "#dd8452",
+                "megak_bound": "#64b5cd",
                 "megak_resident": "#937860"}
 
 
@@ -973,8 +975,8 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
             f"({r['reps']} runs, {r['check']})")
         return r
 
-    # -- megak_run, megak_launch: one program, the same tensors on every call ----------------
-    megak_variants = ("megak_run", "megak_launch")
+    # -- megak_run, megak_bound, megak_launch: one program, the same tensors on every call ----
+    megak_variants = ("megak_run", "megak_bound", "megak_launch")
     prog = None
     stage = "compile"
     try:
@@ -993,6 +995,8 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
         def launch():
             return prog.launch(out=outs, **tin)
 
+        bound = prog.bind(out=outs, **tin)
+
         stage = "prog.run before timing"
         call()
         w.check(ref, env.fetch_tensors(outs), "megak prog.run")
@@ -1000,8 +1004,8 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
             try:
                 reps, warmup = _reps(w, v, quick)
                 env.poison_tensors(outs.values())   # a variant that skips work then fails
-                if v == "megak_run":
-                    times = time_calls(call, reps, warmup)
+                if v in ("megak_run", "megak_bound"):
+                    times = time_calls(call if v == "megak_run" else bound.run, reps, warmup)
                     extra = {}
                 else:
                     times = time_launch_batches(launch, reps, warmup, launch_batch)

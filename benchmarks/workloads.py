@@ -654,12 +654,12 @@ def w6_compile_cached() -> HostWorkload:
 LAUNCH_BATCH = 1000
 
 #: the call-path variants, in table order (report.run_call_workload)
-CALL_VARIANTS = ("megak_run", "megak_launch", "megak_resident", "torch", "torch_graph")
+CALL_VARIANTS = ("megak_run", "megak_bound", "megak_launch", "megak_resident", "torch",
+                 "torch_graph")
 
 # (timed reps, warm-up) per variant; megak_launch counts batches of LAUNCH_BATCH launches
-_CALL_REPS = {"megak_run": (1000, 100), "megak_launch": (20, 2), "megak_resident": (1000, 100),
-              "torch": (1000, 100),
-              "torch_graph": (1000, 100)}
+_CALL_REPS = {"megak_run": (1000, 100), "megak_bound": (1000, 100), "megak_launch": (20, 2),
+              "megak_resident": (1000, 100), "torch": (1000, 100), "torch_graph": (1000, 100)}
 
 _CALL_HOW = ("torch tensors on the GPU in, out= for every output the graph declares; "
              "wall-clock per call from Python (perf_counter_ns), no L2 flush")
@@ -723,13 +723,15 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
 QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached",
          "W7-call-copy")
 
-VARIANTS = ("megak", "megak_trace", "megak_run", "megak_launch", "megak_resident", "separate",
-            "graph", "graph_pdl", "torch", "torch_graph")
+VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch", "megak_resident",
+            "separate", "graph", "graph_pdl", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
     "megak_run": "call path (W7): prog.run(out=..., **tensors) per call, launch + wait, "
                  "wall-clock from Python; the figure the W7 rows compare with",
+    "megak_bound": "call path (W7): the same call bound once (bound = prog.bind(out=..., "
+                   "**tensors)), bound.run() per call, launch + wait, wall-clock",
     "megak_launch": f"call path (W7): {LAUNCH_BATCH:,} prog.launch(...) back to back, one "
                     f"wait() on the last; batch wall-clock / {LAUNCH_BATCH:,} per call",
     "megak_resident": "call path (W7): the program served by megak.resident(prog): "

@@ -8,6 +8,7 @@
     prog = megak.compile(g)             # "cuda" when a GPU is usable, else the CPU simulator
     y = prog.run(a=..., b=...)["y"]
 """
+from .bound import Bound
 from .errors import GraphError, MegakernelError, MegakernelHang
 from .graph import Graph, Tensor
 from .program import BACKENDS, Program, compile, resolve_backend
@@ -16,6 +17,7 @@ from .trace import Trace
 
 __all__ = [
     "BACKENDS",
+    "Bound",
     "Graph",
     "GraphError",
     "MegakernelError",

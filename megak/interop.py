@@ -214,7 +214,13 @@ def current_stream(kind: str, device: int) -> int | None:
     return None
 
 
-def torch_tensor_type():
-    """torch.Tensor when torch is imported (it is never imported for this), else None."""
+def torch_tensor_types() -> tuple:
+    """The exact types whose data_ptr(), shape and stride() are torch.Tensor's own, read by
+    the call key: torch.Tensor and nn.Parameter (weights) when torch is imported (it is never
+    imported for this), else (). torch.Tensor comes first."""
     torch = sys.modules.get("torch")
-    return getattr(torch, "Tensor", None)
+    tensor = getattr(torch, "Tensor", None)
+    if tensor is None:
+        return ()
+    parameter = getattr(getattr(torch, "nn", None), "Parameter", None)
+    return (tensor, parameter) if parameter is not None else (tensor,)

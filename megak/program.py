@@ -10,6 +10,7 @@ import numpy as np
 
 from . import abi, interop, pages, scheduler
 from .backend_choice import BACKENDS, choose_backend
+from .bound import Bound
 from .dtypes import numpy_dtype
 from .errors import GraphError, MegakernelError
 from .graph import Graph
@@ -190,6 +191,17 @@ class Program:
                                   "(Resident.submit), or close that first")
         return self._launch(out, stream, _trace, inputs)
 
+    def bind(self, *, out: dict | None = None, **inputs) -> "Bound":
+        """Check one call's arrays now and return it as a `megak.Bound`, whose ``run()`` and
+        ``launch()`` repeat it on those arrays for the cost of one launch, whatever their
+        number (arguments as for ``run``). The arrays stay where they are, as a CUDA graph's
+        do: write new values into them between calls; `Bound` says what it notices.
+
+        Raises GraphError, as ``run`` does, for arguments ``run`` would refuse."""
+        out = dict(out) if isinstance(out, Mapping) else out
+        self._describe(inputs, out)          # every check run() makes, before anything runs
+        return Bound(self, inputs, out, None)
+
     def _launch_unguarded(self, out, inputs) -> "Handle":
         """launch() for a resident kernel's simulator requests."""
         return self._launch(out, None, False, inputs)
@@ -209,19 +221,26 @@ class Program:
             h = interop.current_stream(call.kind, self._executor.ordinal)
         ticket = self._executor.launch(call.arrays, call.slots, external=call.external,
                                        stream=h, trace=_trace)
-        if key is not None and call.cacheable:
-            self._remember(key, call, self._executor.last_binding, inputs, out)
+        if call.cacheable:
+            self._bind(call, self._executor.last_binding)
+            if key is not None:
+                self._remember(key, call, inputs, out)
         return Handle(self, call, ticket, _trace, out, inputs)
 
-    def _remember(self, key, call: "_Call", binding, inputs: dict, out: dict) -> None:
-        """Keep a checked call of GPU tensors for the fast path of the next identical one.
+    def _bind(self, call: "_Call", binding) -> None:
+        """Give a call that allocates and copies nothing the tensor table its launch used:
+        a repeat of it is then one launch on that table (the fast path)."""
+        call.binding = binding
+        # every output written into its out= tensor: the call's result is `out` itself
+        call.all_out = all(name in call.in_place for name in self._output_names)
+
+    def _remember(self, key, call: "_Call", inputs: dict, out: dict) -> None:
+        """Keep a checked, bound call of GPU tensors for the fast path of the next identical
+        one.
 
         The cache holds no caller tensor alive: the call keeps only their binding and names,
         and a guard per tensor (weakref.finalize) drops the call when one of them is freed,
         before its id can be reused, so equal keys still mean the same tensors."""
-        call.binding = binding
-        # every output written into its out= tensor: the call's result is `out` itself
-        call.all_out = all(name in call.in_place for name in self._output_names)
         call.forget_arrays()
         me = weakref.ref(self)
         call.guards = tuple(_guard(t, me, key) for t in (*inputs.values(), *out.values()))
@@ -248,8 +267,10 @@ class Program:
         call = self._describe(inputs, out)
         params, table, ticket, binding = ex.prepare_request(call.arrays, call.slots,
                                                             external=call.external)
-        if key is not None and call.cacheable:
-            self._remember(key, call, binding, inputs, out)
+        if call.cacheable:
+            self._bind(call, binding)
+            if key is not None:
+                self._remember(key, call, inputs, out)
         return call, params, table, ticket
 
     def check(self) -> None:
@@ -277,19 +298,19 @@ class Program:
     def _call_key(self, inputs: dict, out):
         """The identity of every array of the call, or None when one has none this cheap
         (numpy arrays, host tensors, other libraries: those are described every call). For
-        a torch GPU tensor: the object, its address, shape and strides. A tensor object
-        keeps its dtype, and moving it to another device changes its address, so equal keys
-        mean the same checked binding; the cached call holds the objects, so their ids are
-        not reused while it is cached."""
+        a torch GPU tensor or nn.Parameter: the object, its address, shape and strides. A
+        tensor object keeps its dtype, and moving it to another device changes its address,
+        so equal keys mean the same checked binding; the cached call holds the objects, so
+        their ids are not reused while it is cached."""
         if self.backend != "cuda" or not isinstance(out, dict):
             return None
-        tensor = interop.torch_tensor_type()
-        if tensor is None:
+        types = interop.torch_tensor_types()
+        if not types:
             return None
         parts = []
         for group in (inputs, out):
             for name, t in group.items():
-                if type(t) is not tensor:
+                if type(t) not in types:
                     return None
                 parts.append((name, id(t), t.data_ptr(), t.shape, t.stride()))
             parts.append(None)       # inputs | outputs

@@ -33,7 +33,7 @@ def prog(monkeypatch):
     g = megak.Graph()
     g.output(g.copy(g.input("x", (4, 8))), "y")
     p = megak.compile(g, backend="sim")
-    monkeypatch.setattr(interop, "torch_tensor_type", lambda: Tensor)
+    monkeypatch.setattr(interop, "torch_tensor_types", lambda: (Tensor,))
     monkeypatch.setattr(p, "backend", "cuda")      # the cache is the GPU path's
     yield p
     monkeypatch.setattr(p, "backend", "sim")
@@ -45,7 +45,8 @@ def remember(prog, x, y):
     assert call is None and key is not None
     call = program._Call(arrays={}, external={0: object()}, slots=[], kind="torch",
                          on_gpu=True, targets={"y": object()}, in_place={"y": ("out", None)})
-    prog._remember(key, call, Binding(), {"x": x}, {"y": y})
+    prog._bind(call, Binding())
+    prog._remember(key, call, {"x": x}, {"y": y})
     return call
 
 

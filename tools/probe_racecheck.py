@@ -15,8 +15,12 @@ before it was made racecheck-clean (benchmarks/ANALYSIS.md has the measured tabl
   issued-plain   ring_issued through st.release / ld.acquire (cta, shared) instead of
                  atomics: racecheck reports the store against the loads
 
---w1 times W1 (benchmarks/workloads.py: 1,000 dependent one-instruction copies on distinct
-SMs) under the variant instead: what the synchronisation costs the hop.
+  before         both: the source as it was before
+
+--time W [W ...] times report workloads (benchmarks/workloads.py; W1: 1,000 dependent
+one-instruction copies on distinct SMs, W2-1024x16-bf16: the streamed chain of the shortest
+instructions) under the variant instead, no checks: what the synchronisation costs them.
+--compile-only builds the variant's kernels into the compile cache and stops.
 
     python3 tools/probe_racecheck.py VARIANT        (plain: checks, fills the compile cache)
     compute-sanitizer --tool racecheck --racecheck-report all \\
@@ -76,6 +80,7 @@ VARIANTS = {
         (_ISSUED_LOAD, "mkp_issued_acquire(&ctl.ring_issued[slot])"),
     ],
 }
+VARIANTS["before"] = VARIANTS["thread0-arrive"] + VARIANTS["issued-plain"]
 _COUNTS = {_ISSUED_LOAD: 2}   # replacements expected more than once
 
 
@@ -87,19 +92,25 @@ def patched(src: str, variant: str) -> str:
     return src
 
 
-def time_w1(variant: str) -> int:
-    """W1's megak figure under the variant: the median of 200 runs, per op."""
+def time_workloads(variant: str, names: list, compile_only: bool) -> int:
+    """Each workload's megak figure under the variant: the median of 200 runs (W1 per op)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.workloads import FACTORIES
     from megak.runtime.bench import Bench
-    w = FACTORIES["W1"]()
-    prog = megak.compile(w.build(), backend="cuda")
-    b = Bench(prog)
-    b.upload(**w.make_inputs(np.random.default_rng(3)))
-    t = float(np.median(b.time_megakernel(reps=200)))
-    b.close()
-    prog.close()
-    print(f"probe_racecheck: {variant}: W1 {t / w.work:.4f} us/op (median of 200)", flush=True)
+    for name in names:
+        w = FACTORIES[name]()
+        prog = megak.compile(w.build(), backend="cuda")
+        if compile_only:      # compile() built and cached the kernel
+            prog.close()
+            continue
+        b = Bench(prog)
+        b.upload(**w.make_inputs(np.random.default_rng(3)))
+        t = float(np.median(b.time_megakernel(reps=200)))
+        b.close()
+        prog.close()
+        per = f" = {t / w.work:.4f} us/op" if name == "W1" else ""
+        print(f"probe_racecheck: {variant}: {name} {t:.2f} us{per} (median of 200)",
+              flush=True)
     return 0
 
 
@@ -107,12 +118,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("variant", choices=sorted(VARIANTS))
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--w1", action="store_true", help="time W1 instead (no checks)")
+    ap.add_argument("--time", nargs="+", metavar="W", help="time these workloads instead")
+    ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args(argv)
     original = compiler.device_source
     compiler.device_source = lambda: patched(original(), args.variant)
-    if args.w1:
-        return time_w1(args.variant)
+    if args.time:
+        return time_workloads(args.variant, args.time, args.compile_only)
     bf16 = numpy_dtype("bfloat16")
     rng = np.random.default_rng(7)
     g = sg.ring_graph()

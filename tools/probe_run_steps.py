@@ -14,6 +14,7 @@ given as `out=`, a bound call), the median over N calls of:
   run_bound    executor.run_bound: launch and wait on the mapped host word (the fast path
                minus the key and the stream)
   run          prog.run, the whole call (the report's megak_run)
+  bound        Bound.run of the same call bound once (the report's megak_bound)
   device       the launch timed by CUDA events behind a spin kernel (the report's device
                figure)
   idle gap     run_bound - device: launch latency on an idle GPU and the completion seen
@@ -77,6 +78,7 @@ def steps(name: str, n: int) -> dict:
         out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
         out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
         out["run"] = median_us(lambda: prog.run(out=outs, **tin), n)
+        out["bound"] = median_us(prog.bind(out=outs, **tin).run, n)
         dev, handles = env.device_times(lambda: prog.launch(out=outs, **tin), min(n, 200), 10)
         for hd in handles:
             hd.wait()

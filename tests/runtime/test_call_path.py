@@ -123,6 +123,21 @@ def test_repeated_calls_reuse_one_checked_binding(gen):
         check(g, x, y, "first binding untouched")
 
 
+def test_parameters_reuse_one_checked_binding(gen):
+    """Weights held as nn.Parameter (as nn.Linear holds them) take the fast path too."""
+    g = chain_graph(2)
+    with megak.compile(g, backend="cuda") as prog:
+        x = tensors(g, gen)
+        params = {k: torch.nn.Parameter(v, requires_grad=False) if k != "x" else v
+                  for k, v in x.items()}
+        y = poisoned(g)
+        for _ in range(3):
+            prog.run(out={"y": y}, **params)
+        assert len(prog._calls) == 1 and len(prog._executor._bindings) == 1
+        check(g, x, y, "nn.Parameter weights")
+        assert prog._bound_call(params, {"y": y})[1] is not None
+
+
 def test_the_bound_fast_path_returns_fresh_results_and_raises_its_errors(gen):
     """Repeated run() on one binding (Program.run's fast path: no handle, the wait inline):
     new values copied into the same tensors each time, the output poisoned first; each call
