@@ -49,38 +49,24 @@ class Bound:
         """Run the program once on the bound arrays and wait; return what ``Program.run``
         returns (with ``out=`` naming every output: that dict). ``stream`` as for
         ``Program.run``. Raises as ``Program.run`` does."""
-        prog = self._program
         call = self._fast_call()
-        if call is None:
+        if call is None or self._program._resident is not None:
             return self._launch(stream).wait()
-        ex = prog._executor
-        h = (interop.current_stream(call.kind, ex.ordinal) if stream is None
-             else interop.stream_handle(stream))
-        ex.run_bound(call.binding, h)
-        if call.all_out:
-            return dict(self._out)
-        return prog._finish(call, {}, self._out, self._inputs)
+        return self._program._run_bound(call, stream, self._out, self._inputs)
 
     def launch(self, *, stream=None):
         """Enqueue one run on the bound arrays and return its `Handle` at once, as
         ``Program.launch`` does (capturable in a CUDA graph on the fast path)."""
-        from .program import Handle
         call = self._fast_call()
-        if call is None:
+        if call is None or self._program._resident is not None:
             return self._launch(stream)
-        prog = self._program
-        ex = prog._executor
-        h = (interop.current_stream(call.kind, ex.ordinal) if stream is None
-             else interop.stream_handle(stream))
-        ticket = ex.launch_bound(call.binding, h)
-        return Handle(prog, call, ticket, False, self._out, self._inputs)
+        return self._program._launch_bound(call, stream, self._out, self._inputs)
 
     def _fast_call(self):
-        """The bound _Call when one launch on its table is the whole call: its table still
-        holds these tensors (live) and no torch tensor moved; else None."""
+        """The bound _Call when one launch on its tensor table is the whole call: the table
+        still holds these tensors (live) and no torch tensor moved; else None."""
         call = self._call
-        if call is None or call.binding is None or not call.binding.live or \
-                self._program._resident is not None:
+        if call is None or call.binding is None or not call.binding.live:
             return None
         if list(map(self._data_ptr, self._tensors)) != self._ptrs:
             return None
@@ -93,9 +79,14 @@ class Bound:
         if prog._resident is not None:
             return prog.launch(out=self._out, stream=stream, **self._inputs)   # it raises
         handle = prog._launch(self._out, stream, False, self._inputs)
-        self._ptrs = [t.data_ptr() for t in self._tensors]
-        self._call = handle._call if handle._call.binding is not None else None
+        self._adopt(handle._call)
         return handle
+
+    def _adopt(self, call) -> None:
+        """The call just checked on the full path: its table, where it has one, serves the
+        next calls."""
+        self._ptrs = [t.data_ptr() for t in self._tensors]
+        self._call = call if call.binding is not None else None
 
     def __repr__(self) -> str:
         names = ", ".join(self._inputs)

@@ -164,13 +164,7 @@ class Program:
         if not trace and self._resident is None:
             _, call = self._bound_call(inputs, out)
             if call is not None:
-                ex = self._executor
-                h = (interop.current_stream(call.kind, ex.ordinal) if stream is None
-                     else interop.stream_handle(stream))
-                ex.run_bound(call.binding, h)
-                if call.all_out:     # out names every output, and nothing else
-                    return dict(out)
-                return self._finish(call, {}, out, inputs)
+                return self._run_bound(call, stream, out, inputs)
         return self.launch(out=out, stream=stream, _trace=trace, **inputs).wait()
 
     def launch(self, *, out: dict | None = None, stream=None, _trace: bool = False,
@@ -206,14 +200,31 @@ class Program:
         """launch() for a resident kernel's simulator requests."""
         return self._launch(out, None, False, inputs)
 
+    # -- the fast path: a checked call bound to its tensor table (Program.run, Bound) -------
+    def _bound_stream(self, call: "_Call", stream):
+        """The CUstream of a bound call: the given stream, else the current one of the call's
+        array kind (torch's, cupy's) or megak's own."""
+        return (interop.current_stream(call.kind, self._executor.ordinal) if stream is None
+                else interop.stream_handle(stream))
+
+    def _run_bound(self, call: "_Call", stream, out, inputs: dict) -> dict:
+        """One launch on the call's table and its wait, under one executor call (no handle);
+        what run() returns."""
+        self._executor.run_bound(call.binding, self._bound_stream(call, stream))
+        if call.all_out:     # out names every output, and nothing else
+            return dict(out)
+        return self._finish(call, {}, out, inputs)
+
+    def _launch_bound(self, call: "_Call", stream, out, inputs: dict) -> "Handle":
+        """One launch on the call's table, and its handle."""
+        ticket = self._executor.launch_bound(call.binding, self._bound_stream(call, stream))
+        return Handle(self, call, ticket, False, out, inputs)
+
     def _launch(self, out, stream, _trace: bool, inputs: dict) -> "Handle":
-        h = None if stream is None else interop.stream_handle(stream)
         key, call = self._bound_call(inputs, out) if not _trace else (None, None)
         if call is not None:
-            if h is None:
-                h = interop.current_stream(call.kind, self._executor.ordinal)
-            ticket = self._executor.launch_bound(call.binding, h)
-            return Handle(self, call, ticket, False, out, inputs)
+            return self._launch_bound(call, stream, out, inputs)
+        h = None if stream is None else interop.stream_handle(stream)
         call = self._describe(inputs, out)
         if self.backend == "sim":
             return self._launch_sim(call, _trace, out)

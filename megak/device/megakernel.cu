@@ -30,11 +30,13 @@
  * same accesses in the PTX memory model (release and acquire are cumulative), but
  * compute-sanitizer's racecheck follows an mbarrier thread by thread and reported every
  * compute thread's read of a record against the loader's next write into it; with each
- * thread's own arrive and wait it reports none, and the hop costs the same (W1 0.373 against
- * 0.375 us/op: tools/probe_racecheck.py, benchmarks/ANALYSIS.md). Pages move through
- * the allocator mask: the loader takes them (atomic and), the compute warps give them back
- * (release-or) as soon as the running op's page plan allows, so the loader of q+1 can fill
- * pages while q still computes. Steps: L1-L7 in mk_loader, C1-C4 in the kernel's loop.
+ * thread's own arrive and wait it reports none. The hop costs the same (W1 0.373 against
+ * 0.375 us/op); the chain of the shortest streamed instructions ~2% more (W2-1024x16-bf16:
+ * the 256 arrivals per slot; tools/probe_racecheck.py --time, benchmarks/ANALYSIS.md).
+ * Pages move through the allocator mask: the loader takes them (atomic and), the compute
+ * warps give them back (release-or) as soon as the running op's page plan allows, so the
+ * loader of q+1 can fill pages while q still computes. Steps: L1-L7 in mk_loader, C1-C4 in
+ * the kernel's loop.
  *
  * Errors never trap: the first one wins status->error (atomicCAS), its block fills the status
  * record and raises status->abort; blocks spinning on a counter see the flag and stop. Every

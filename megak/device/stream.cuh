@@ -31,9 +31,10 @@
  *     read pos - R itself; with one warp per stage it has not, so the streamer publishes
  *     ring_issued[slot] = pos (an atomic exchange with release semantics, cta) after its
  *     wait for pos - R's reader and before the copy, and the reader waits for that value
- *     (atomic reads with acquire semantics) before the parity wait. Seeing it, the reader knows pos - R was read, hence landed; and pos + R cannot
- *     be issued before the reader itself arrives: the slot's phase is that of pos or the
- *     one before. Thread 0 sets every ring_issued to ~0 (no position) in the set-up.
+ *     (atomic reads with acquire semantics) before the parity wait. Seeing it, the reader
+ *     knows pos - R was read, hence landed; and pos + R cannot be issued before the reader
+ *     itself arrives: the slot's phase is that of pos or the one before. Thread 0 sets
+ *     every ring_issued to ~0 (no position) in the set-up.
  *   - reader -> next copy into the slot (write after read): the one warp that reads a page
  *     orders its lanes' reads (ldmatrix, generic proxy) before its lane 0's arrive on
  *     ring_empty[slot] (__syncwarp, then the arrive's release); the streamer's try_wait of
