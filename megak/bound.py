@@ -21,6 +21,9 @@ class Bound:
     (raising GraphError if it no longer fits); a change of shape or strides that keeps the
     address is not: bind again after one. The bound call holds its arrays alive.
 
+    A resident kernel serving the program takes a bound call too: ``r.submit(bound)``
+    posts its request without the key (megak.resident).
+
     Calls with arrays other than GPU torch tensors and nn.Parameters (numpy, host tensors,
     cupy and other GPU arrays) take ``Program.run``'s full path on every call, with the same
     results.
@@ -63,8 +66,9 @@ class Bound:
         return self._program._launch_bound(call, stream, self._out, self._inputs)
 
     def _fast_call(self):
-        """The bound _Call when one launch on its tensor table is the whole call: the table
-        still holds these tensors (live) and no torch tensor moved; else None."""
+        """The bound _Call when its tensor table is the whole call (a launch, or a resident
+        kernel's request, on it): the table still holds these tensors (live) and no torch
+        tensor moved; else None."""
         call = self._call
         if call is None or call.binding is None or not call.binding.live:
             return None
@@ -83,8 +87,8 @@ class Bound:
         return handle
 
     def _adopt(self, call) -> None:
-        """The call just checked on the full path: its table, where it has one, serves the
-        next calls."""
+        """The call just checked on the full path (a launch, or a resident kernel's
+        request): its table, where it has one, serves the next calls."""
         self._ptrs = [t.data_ptr() for t in self._tensors]
         self._call = call if call.binding is not None else None
 

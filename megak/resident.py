@@ -28,6 +28,7 @@ import weakref
 
 import numpy as np
 
+from .bound import Bound
 from .errors import GraphError, MegakernelError, MegakernelHang
 from .program import Program
 
@@ -143,15 +144,29 @@ class Resident:
         self._programs.append(prog)
 
     # -- requests ---------------------------------------------------------------------------------
-    def submit(self, prog: Program, *, out: dict | None = None, **inputs) -> "Request":
+    def submit(self, prog: "Program | Bound", *, out: dict | None = None,
+               **inputs) -> "Request":
         """Queue one run of ``prog`` (inputs and ``out=`` as for ``Program.run``) and return
-        its `Request` at once. Raises GraphError for bad arguments, MegakernelError when the
-        kernel has stopped after a failed request or is closed.
+        its `Request` at once. ``prog`` may be a `megak.Bound` of a served program, with no
+        other arguments: its arrays, without the call key's per-tensor reads. Raises
+        GraphError for bad arguments, MegakernelError when the kernel has stopped after a
+        failed request or is closed.
 
         numpy inputs and outputs go through the program's own device buffers, which the next
         request of the program overwrites: such a request first waits for the program's
         earlier requests that use those buffers (their results are kept for their wait())."""
-        key, call = (None, None) if self.backend != "cuda" else prog._bound_call(inputs, out)
+        bound = None
+        if isinstance(prog, Bound):
+            if out is not None or inputs:
+                raise GraphError("submit(bound): a bound call brings its own arrays; pass "
+                                 "no others")
+            bound, prog, out, inputs = prog, prog.program, prog._out, prog._inputs
+        if self.backend != "cuda":
+            key, call = None, None
+        elif bound is not None:
+            key, call = None, bound._fast_call()
+        else:
+            key, call = prog._bound_call(inputs, out)
         staged = call is None and self.backend == "cuda" and _uses_own_buffers(prog, inputs, out)
         if staged:
             self._settle(prog)
@@ -167,7 +182,10 @@ class Resident:
                 raise MegakernelError(f"cuda: the resident kernel has stopped "
                                       f"({kernel.stopped[0]}); close it, then run the programs "
                                       f"directly or start a new one")
+            looked_up = call is not None
             call, params, table, ticket = prog._prepare_request(inputs, out, (key, call))
+            if bound is not None and not looked_up:
+                bound._adopt(call)
             deadline = time.monotonic() + prog._executor.host_timeout_s
             s = kernel.post(params, table, ticket, deadline)
             request = Request(self, prog, call, ticket, s, out, inputs)

@@ -102,6 +102,24 @@ def test_add_a_program_while_it_serves():
         assert (y.wait()["y"] == 1).all()
 
 
+def test_a_bound_call_is_submitted_with_its_own_arrays(rng):
+    prog = megak.compile(add_one_graph(), backend="sim")
+    x = np.empty((4, 32), np.float32)
+    y = np.full((4, 32), np.nan, np.float32)
+    bound = prog.bind(x=x, one=np.ones_like(x), out={"y": y})
+    with megak.resident(prog) as r:
+        for i in range(3):
+            x[...] = rng.standard_normal(x.shape)
+            y[...] = np.nan
+            assert r.submit(bound).wait()["y"] is y
+            np.testing.assert_array_equal(y, x + 1, err_msg=f"request {i}")
+        with pytest.raises(megak.GraphError, match="its own arrays"):
+            r.submit(bound, x=x)
+        with pytest.raises(megak.MegakernelError, match="resident"):
+            bound.run()                   # served: only through the resident kernel
+    np.testing.assert_array_equal(bound.run()["y"], x + 1)
+
+
 def test_bad_arguments_are_graph_errors():
     prog = megak.compile(copy_graph(), backend="sim")
     with pytest.raises(megak.GraphError, match="at least one"):

@@ -19,6 +19,8 @@ given as `out=`, a bound call), the median over N calls of:
                figure)
   idle gap     run_bound - device: launch latency on an idle GPU and the completion seen
                by the host
+  resident     r.submit(prog, out=..., **tensors).wait() on a resident kernel (megak_resident)
+  resident bound  r.submit(bound).wait(): the same request without the call key
 
     python tools/probe_run_steps.py [--n 1000] [--workloads W7-call-copy W7-call-mlp1024]
 """
@@ -78,12 +80,17 @@ def steps(name: str, n: int) -> dict:
         out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
         out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
         out["run"] = median_us(lambda: prog.run(out=outs, **tin), n)
-        out["bound"] = median_us(prog.bind(out=outs, **tin).run, n)
+        bound = prog.bind(out=outs, **tin)
+        out["bound"] = median_us(bound.run, n)
         dev, handles = env.device_times(lambda: prog.launch(out=outs, **tin), min(n, 200), 10)
         for hd in handles:
             hd.wait()
         out["device"] = float(np.median(dev))
         out["idle gap"] = out["run_bound"] - out["device"]
+        env.sync()                          # the resident kernel holds every SM from here
+        with megak.resident(prog) as r:
+            out["resident"] = median_us(lambda: r.submit(prog, out=outs, **tin).wait(), n)
+            out["resident bound"] = median_us(lambda: r.submit(bound).wait(), n)
         return out
     finally:
         prog.close()

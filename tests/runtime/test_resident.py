@@ -149,6 +149,39 @@ def test_a_program_added_while_it_runs(rng):
             ca.check("first program")
 
 
+def test_bound_requests_run_new_values_and_a_moved_tensor(rng):
+    """r.submit(bound): the bound tensors' new values (copied in from the host beside the
+    kernel: a device-to-device copy may be a kernel, which would wait for the resident one to
+    leave) on one table; a tensor that moved takes the full path once and is bound again."""
+    g = chain_graph(3)
+    with megak.compile(g, backend="cuda") as prog:
+        static, cases = Case(g, rng), [Case(g, rng) for _ in range(6)]
+        hosts = [{k: v.cpu() for k, v in c.inputs.items()} for c in cases]
+        moved = cases[-1].inputs["w0"].clone()       # allocated before the kernel holds the SMs
+        bound = prog.bind(out={"y": static.y}, **static.inputs)
+        torch.cuda.synchronize()
+        with megak.resident(prog, idle_s=30) as r:
+            for i, (c, host) in enumerate(zip(cases[:-1], hosts)):
+                for k, v in static.inputs.items():
+                    v.copy_(host[k])                 # host -> device: beside the kernel
+                static.poison()
+                torch.cuda.synchronize()
+                assert r.submit(bound).wait()["y"] is static.y
+                assert_close(static.y.cpu().numpy(), c.value, c.bound, f"bound request {i}")
+            table = bound._call.binding
+            last = cases[-1]
+            for k, v in static.inputs.items():
+                if k != "w0":
+                    v.copy_(hosts[-1][k])
+            static.inputs["w0"].set_(moved)
+            static.poison()
+            torch.cuda.synchronize()
+            r.submit(bound).wait()
+            assert_close(static.y.cpu().numpy(), last.value, last.bound, "after w0 moved")
+            assert bound._call.binding is not table and bound._fast_call() is not None
+            assert r.launches == 1
+
+
 def test_close_serves_what_was_submitted(rng):
     g = chain_graph(2)
     with megak.compile(g, backend="cuda") as prog:
