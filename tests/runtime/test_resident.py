@@ -152,7 +152,9 @@ def test_a_program_added_while_it_runs(rng):
 def test_bound_requests_run_new_values_and_a_moved_tensor(rng):
     """r.submit(bound): the bound tensors' new values (copied in from the host beside the
     kernel: a device-to-device copy may be a kernel, which would wait for the resident one to
-    leave) on one table; a tensor that moved takes the full path once and is bound again."""
+    leave) on one table; a tensor that moved takes the full path once and is bound again.
+    The copies are waited for on torch's stream alone: a device-wide synchronize would wait
+    for the resident kernel to leave on idle."""
     g = chain_graph(3)
     with megak.compile(g, backend="cuda") as prog:
         static, cases = Case(g, rng), [Case(g, rng) for _ in range(6)]
@@ -165,7 +167,7 @@ def test_bound_requests_run_new_values_and_a_moved_tensor(rng):
                 for k, v in static.inputs.items():
                     v.copy_(host[k])                 # host -> device: beside the kernel
                 static.poison()
-                torch.cuda.synchronize()
+                torch.cuda.current_stream().synchronize()
                 assert r.submit(bound).wait()["y"] is static.y
                 assert_close(static.y.cpu().numpy(), c.value, c.bound, f"bound request {i}")
             table = bound._call.binding
@@ -175,7 +177,7 @@ def test_bound_requests_run_new_values_and_a_moved_tensor(rng):
                     v.copy_(hosts[-1][k])
             static.inputs["w0"].set_(moved)
             static.poison()
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
             r.submit(bound).wait()
             assert_close(static.y.cpu().numpy(), last.value, last.bound, "after w0 moved")
             assert bound._call.binding is not table and bound._fast_call() is not None
