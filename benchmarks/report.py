@@ -107,7 +107,7 @@ TARGETS: dict[str, Target] = {
 
 #: the megakernel itself, in its forms: never the "best other variant" it is compared with
 MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch",
-                  "megak_resident")
+                  "megak_resident", "megak_resident_bound")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",
@@ -533,7 +533,7 @@ def render_hop(doc: dict) -> list[str]:
 CHART_COLORS = {"separate": "#4c72b0", "graph": "#55a868", "graph_pdl": "#2ca7a0",
                 "torch": "#c44e52", "torch_graph": "#8172b2", "megak_launch": "#dd8452",
                 "megak_bound": "#64b5cd",
-                "megak_resident": "#937860"}
+                "megak_resident": "#937860", "megak_resident_bound": "#8c613c"}
 
 
 def write_chart(doc: dict, path: Path) -> bool:
@@ -977,6 +977,7 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
 
     # -- megak_run, megak_bound, megak_launch: one program, the same tensors on every call ----
     megak_variants = ("megak_run", "megak_bound", "megak_launch")
+    resident_variants = ("megak_resident", "megak_resident_bound")
     prog = None
     stage = "compile"
     try:
@@ -1029,23 +1030,28 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
                     f"overhead per call {fmt(row['host_overhead_us'])} us")
             except Exception as exc:
                 fail(v, "device time", exc)
-        # -- megak_resident: the same program served by a resident kernel -------------------
-        v = "megak_resident"
-        try:
-            reps, warmup = _reps(w, v, quick)
-            env.poison_tensors(outs.values())   # before: the resident kernel holds every SM
-            with megak.resident(prog) as r:
-                def submit():
-                    return r.submit(prog, out=outs, **tin).wait()
-                times = time_calls(submit, reps, warmup)
-                launches = r.launches
-            err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
-            record(v, times, err, kernel_launches=launches)
-        except Exception as exc:
-            fail(v, "timing/check", exc)
+        # -- megak_resident(_bound): the same program served by a resident kernel, its
+        # requests made from the tensors or from the bound call -----------------------------
+        for v in resident_variants:
+            try:
+                reps, warmup = _reps(w, v, quick)
+                env.poison_tensors(outs.values())   # before: the resident kernel holds every SM
+                with megak.resident(prog) as r:
+                    if v == "megak_resident":
+                        def submit():
+                            return r.submit(prog, out=outs, **tin).wait()
+                    else:
+                        def submit():
+                            return r.submit(bound).wait()
+                    times = time_calls(submit, reps, warmup)
+                    launches = r.launches
+                err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
+                record(v, times, err, kernel_launches=launches)
+            except Exception as exc:
+                fail(v, "timing/check", exc)
     except Exception as exc:
         done = {f["variant"] for f in failures} | {r["variant"] for r in results}
-        for v in megak_variants + ("megak_resident",):
+        for v in megak_variants + resident_variants:
             if v not in done:
                 fail(v, stage, exc)
     finally:

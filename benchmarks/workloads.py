@@ -654,12 +654,13 @@ def w6_compile_cached() -> HostWorkload:
 LAUNCH_BATCH = 1000
 
 #: the call-path variants, in table order (report.run_call_workload)
-CALL_VARIANTS = ("megak_run", "megak_bound", "megak_launch", "megak_resident", "torch",
-                 "torch_graph")
+CALL_VARIANTS = ("megak_run", "megak_bound", "megak_launch", "megak_resident",
+                 "megak_resident_bound", "torch", "torch_graph")
 
 # (timed reps, warm-up) per variant; megak_launch counts batches of LAUNCH_BATCH launches
 _CALL_REPS = {"megak_run": (1000, 100), "megak_bound": (1000, 100), "megak_launch": (20, 2),
-              "megak_resident": (1000, 100), "torch": (1000, 100), "torch_graph": (1000, 100)}
+              "megak_resident": (1000, 100), "megak_resident_bound": (1000, 100),
+              "torch": (1000, 100), "torch_graph": (1000, 100)}
 
 _CALL_HOW = ("torch tensors on the GPU in, out= for every output the graph declares; "
              "wall-clock per call from Python (perf_counter_ns), no L2 flush")
@@ -724,7 +725,7 @@ QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-c
          "W7-call-copy")
 
 VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch", "megak_resident",
-            "separate", "graph", "graph_pdl", "torch", "torch_graph")
+            "megak_resident_bound", "separate", "graph", "graph_pdl", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
@@ -737,6 +738,8 @@ VARIANT_DESCRIPTIONS = {
     "megak_resident": "call path (W7): the program served by megak.resident(prog): "
                       "r.submit(prog, out=..., **tensors).wait() per call, wall-clock; one "
                       "kernel launch for all calls",
+    "megak_resident_bound": "call path (W7): the same resident kernel fed the bound call: "
+                            "r.submit(bound).wait() per call, wall-clock",
     "separate": "one kernel launch per graph op, same device op code (entry megak_op), "
                 "stream order as the dependency (Bench.time_separate)",
     "graph": "the separate launches captured once in a CUDA graph and replayed "

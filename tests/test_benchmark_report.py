@@ -238,10 +238,10 @@ def test_markdown(doc):
         assert f"### {name}" in md
     w1 = md.split("### W1")[1].split("###")[0]
     for v in W.VARIANTS:
-        # megak_trace: timed on the W2 chains only; megak_run, _bound, _launch, _resident:
-        # W7 only
+        # megak_trace: timed on the W2 chains only; megak_run, _bound, _launch, _resident,
+        # _resident_bound: W7 only
         if v not in ("megak_trace", "megak_run", "megak_bound", "megak_launch",
-                     "megak_resident"):
+                     "megak_resident", "megak_resident_bound"):
             assert f"| {v} |" in w1
     # W1: 0.7 us/op misses <= 0.45; megak vs best other (graph, 1000 us) = 1.43x
     assert ("| megak | 3 | 700.0 | 0.700 | 1.00x | 1.43x | exact | <= 0.45 us/op: **missed by "
@@ -1268,6 +1268,7 @@ def test_call_flow_times_and_checks_every_variant(rng, monkeypatch, factory):
     assert run["host_overhead_us"] == pytest.approx(run["median_us"] - 4.0)
     assert all("host_overhead_us" not in by[v] for v in ("megak_bound", "megak_launch",
                                                          "megak_resident",
+                                                         "megak_resident_bound",
                                                          "torch", "torch_graph"))
     R.validate_doc({"machine": {"gpu": "sim"}, "date": "2026-11-29", "results": res})
     assert "host overhead per call" in "\n".join(R.render_workload(w.name, by))
@@ -1277,7 +1278,7 @@ def test_call_flow_never_reports_work_that_was_skipped(rng, monkeypatch):
     w = W.w7_call_copy()
     res, fails, _ = call_flow(w, NumpyEnv(lazy=("replay", "device")), rng, monkeypatch)
     assert [r["variant"] for r in res] == ["megak_run", "megak_bound", "megak_launch",
-                                           "megak_resident", "torch"]
+                                           "megak_resident", "megak_resident_bound", "torch"]
     # the device-timed launches never ran: no host overhead is claimed from them
     assert "host_overhead_us" not in res[0]
     errors = {f["variant"]: f["error"] for f in fails}
@@ -1299,7 +1300,8 @@ def test_call_flow_times_no_megak_variant_when_its_run_is_wrong(rng, monkeypatch
     assert [r["variant"] for r in res] == ["torch", "torch_graph"]
     assert fails == [{"workload": w.name, "variant": v,
                       "error": "prog.run before timing: CheckError: wrong"}
-                     for v in ("megak_run", "megak_bound", "megak_launch", "megak_resident")]
+                     for v in ("megak_run", "megak_bound", "megak_launch", "megak_resident",
+                               "megak_resident_bound")]
 
 
 def test_main_runs_the_call_path_and_skips_it_without_torch(monkeypatch, tmp_path, capsys):
