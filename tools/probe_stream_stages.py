@@ -24,8 +24,9 @@ and stages, or instructions) of
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
 at most F copies in flight; `flagcombine`, a band's parts meet through stamped partials
 instead of the combine counter (see _COMBINE_FLAGGED); `noA`, no A staging: the MMAs read
-stale A; `Arot`, A's k slices in an order rotated by the SM; the last two give wrong results,
-timing only), each
+stale A; `Arot`, A's k slices in an order rotated by the SM; `nodeps`, no dependency wait before a
+streamed instruction; `nofence`, no release fence; `relfirst`, the signal's pages handed back
+before its fence; all but `cap`, `flagcombine` and `relfirst` give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
@@ -48,9 +49,11 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 10   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
+NMARK = 16   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
              # instruction, at its first position: 1 k-loop entry, 5 k loop done, 6 reduced,
-             # 7 combined, 8 epilogue stored (the last part only)
+             # 7 combined, 8 epilogue stored (the last part only); the interpreter around it:
+             # 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken (L3),
+             # 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);\n"
 
@@ -71,6 +74,28 @@ _NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen
 # DRAM. Against "asbuilt", whether A's cost is the hot spot of every SM reading one line.
 _A_ROTATED = [("MK_STREAM_BOX_ROWS * s + kb, a_vec);",
                "MK_STREAM_BOX_ROWS * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
+
+# No dependency wait before a streamed instruction (the loader skips its counter waits): each
+# SM runs its chain of instructions back to back, as if every layer's activation were there.
+# The ceiling of any finer dependency between layers (per stage, per band): what a layer costs
+# when no SM waits for another's tail. Timing only: the MMAs read A before it is written.
+_NO_DEPS = [("            if (t == 0)\n                continue;\n            const mk_u32 c = s.ins.wait_counter[i];",
+             "            if (t == 0 || (s.ins.flags & MK_FLAG_STREAM))\n                continue;\n"
+             "            const mk_u32 c = s.ins.wait_counter[i];")]
+
+# The signal's pages handed back before its fence (mk_compute_signal): the next instruction on
+# the SM waits for them (page 0 of a streamed GEMM), not for the fence that makes this one's
+# results visible to other SMs. A correct order: the pages are the block's own.
+_SIGNAL_FENCE = "    const mk_u32 n_signals = s.ins.n_signals;\n    if (n_signals > 0)\n        mk_fence_release();\n"
+_SIGNAL_RELEASE = ("    /* release what the op still holds */\n"
+                   "    const mk_pages pages = {mk_page_array(mk_smem), s.page, 0u, &s.released, &ctl.free_pages};\n"
+                   "    pages.release(0, s.ins.pages);\n")
+_RELEASE_FIRST = [(_SIGNAL_RELEASE, ""), (_SIGNAL_FENCE, _SIGNAL_RELEASE + _SIGNAL_FENCE)]
+
+# No release fence anywhere (fence.release.gpu: the signal's, the combine's): what the fences
+# cost a layer while the GPU streams. Timing only: a consumer may read stale results.
+_NO_FENCE = [('    asm volatile("fence.release.gpu;" : : : "memory");',
+              '    asm volatile("" : : : "memory");')]
 
 # The band's combine with its partials as stamped words (device/flag.cuh), no counter: the
 # parts other than the last store their partial rows as one st.relaxed.gpu.b64 word per element
@@ -143,7 +168,9 @@ _FLAG_COMBINE = [(_COMBINE_AS_BUILT, _COMBINE_FLAGGED)]
 
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
-            "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4)}
+            "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
+            "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
+            "nodeps-nofence": _NO_DEPS + _NO_FENCE}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
@@ -194,6 +221,25 @@ MARKS = [
      "        if (lane == 0)\n            mk_mbar_arrive(&ctl.ring_empty[slot]);\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
+    # the interpreter between two streamed instructions of a block
+    ("        /* C3 */\n        mk_compute_sync();\n",
+     "        /* C3 */\n        mk_compute_sync();\n"
+     "        if (tid == 0 && s.stream_stages > 0) MKP(s.stream_pos, 10);\n"),
+    ("        if (tid == 0)\n            mk_compute_signal(q);\n",
+     "        if (tid == 0 && s.stream_stages > 0) { mk_compute_signal(q); MKP(s.stream_pos, 11); }\n"
+     "        else if (tid == 0)\n            mk_compute_signal(q);\n"),
+    ("            stream_pos += s.stream_stages;\n",
+     "            stream_pos += s.stream_stages;\n"
+     "            if (s.stream_stages > 0) MKP(s.stream_pos, 12);\n"),
+    ("        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n",
+     "        if (lane == 0 && s.stream_stages > 0) MKP(s.stream_pos, 13);\n"
+     "        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n"),
+    ("        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n",
+     "        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n"
+     "        if (tid == 0 && ready && s.stream_stages > 0) MKP(s.stream_pos, 14);\n"),
+    ("    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */\n",
+     "    if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 15);\n"
+     "    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */\n"),
 ]
 
 
@@ -250,6 +296,13 @@ def med(x):
     return statistics.median(x) / 1e3 if len(x) else float("nan")
 
 
+# the gap's steps, one after the other: the tail's end -> the compute barrier (C3) -> signalled
+# (C4) -> the next instruction's pages taken by the loader (L3; its dependency wait follows)
+# -> handed over (L7) -> seen by thread 0 (C1) -> the op's entry -> its k loop's entry
+GAP_STEPS = ("g:barrier", "g:signal", "g:pages", "g:deps+handover", "g:seen", "g:entry",
+             "g:kloop")
+
+
 def analyse(m):
     """Medians over every (SM, stage) with the marks it needs, in us."""
     issue_land, a_wait, b_wait, mma, enter_first, ahead = [], [], [], [], [], []
@@ -267,6 +320,7 @@ def analyse(m):
             if t[0] and t[3] - t[9] > 200:   # the warp waited: full seen ~ landed
                 issue_land.append(t[3] - t[0])
     tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "gap")}
+    gap_steps = {k: [] for k in GAP_STEPS}
     for sm in range(m.shape[0]):
         r = m[sm]
         firsts = [p for p in np.nonzero(r[:, 1])[0] if all(r[p, i] for i in range(5, 8))]
@@ -279,13 +333,44 @@ def analyse(m):
             if j + 1 < len(firsts):
                 # the tail's end to the next instruction's k-loop entry: the release fence,
                 # the signal, the next one's dependency wait and hand-over
-                tail["gap"].append(r[firsts[j + 1], 1] - max(t[7], t[8]))
-    out = {f"{k}": med(v) for k, v in tail.items()}
+                u = r[firsts[j + 1]]
+                tail["gap"].append(u[1] - max(t[7], t[8]))
+                steps = [max(t[7], t[8]), t[10], t[11], u[12], u[13], u[14], u[15], u[1]]
+                if all(steps):
+                    for name, a, b in zip(GAP_STEPS, steps, steps[1:]):
+                        gap_steps[name].append(b - a)
+    out = {f"{k}": med(v) for k, v in tail.items()} | {k: med(v) for k, v in gap_steps.items()}
     return out | {"issue->land (waited)": med(issue_land), "A wait": med(a_wait), "B wait": med(b_wait),
             "mma": med(mma), "enter->first": med(enter_first),
             "issued ahead at entry": statistics.median(ahead) if ahead else float("nan"),
             "B wait mean": float(np.mean(b_wait)) / 1e3 if b_wait else float("nan"),
             "A wait mean": float(np.mean(a_wait)) / 1e3 if a_wait else float("nan")}
+
+
+def analyse_layers(m, layers):
+    """The chain layer by layer, across SMs, in us (medians over layers 1 ..): the instructions
+    sorted by k-loop entry fall into `layers` equal groups. hop = the first entry of layer l + 1
+    after the last store of layer l (the signal's fence and add, the consumers' poll, hand-over
+    and op entry); skew = its last entry after its first; span = its last store after its last
+    entry (the slowest SM's k loop and tail); layer = store to store."""
+    ins = []
+    for sm in range(m.shape[0]):
+        r = m[sm]
+        for p in np.nonzero(r[:, 1])[0]:
+            ins.append((r[p, 1], r[p, 8]))
+    ins.sort()
+    if layers < 2 or len(ins) % layers:
+        return {}
+    per = len(ins) // layers
+    groups = [ins[i * per:(i + 1) * per] for i in range(layers)]
+    entry_min = [min(e for e, _ in g) for g in groups]
+    entry_max = [max(e for e, _ in g) for g in groups]
+    stored = [max(d for _, d in g) for g in groups]
+    hop = [entry_min[l + 1] - stored[l] for l in range(layers - 1)]
+    skew = [entry_max[l] - entry_min[l] for l in range(1, layers)]
+    span = [stored[l] - entry_max[l] for l in range(1, layers)]
+    layer = [stored[l + 1] - stored[l] for l in range(layers - 1)]
+    return {"layer": med(layer), "hop": med(hop), "skew": med(skew), "span": med(span)}
 
 
 def main():
@@ -335,7 +420,7 @@ def main():
             drv.cuMemsetD8(dptr, 0, 132 * MAXPOS * NMARK * 8)
             prog.run(**inputs)
             m, _ = marks_of(prog)
-            a = analyse(m)
+            a = analyse(m) | analyse_layers(m, layers)
             print(f"{name:12s} {v:8s} parts {parts or 'rule'} {t:8.1f} us  max|err| {err:.3g}  " +
                   "  ".join(f"{k} {x:.3f}" for k, x in a.items()), flush=True)
             prog.close()
