@@ -522,8 +522,12 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
                 error = mk_validate(s.ins, p, &e.expected, &e.observed);
             if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))
                 error = MK_ERR_BAD_DESCRIPTOR;
-            /* the streamer counts the same stages on the same record bytes (stream.cuh) */
+            /* the streamer counts the same stages on the same record bytes (stream.cuh).
+             * Counted before L3: the count reads the tensor map's entry from global memory,
+             * and a streamed GEMM's pages come back only at the end of the one before it,
+             * so the read's latency is spent while the pages are awaited, not after. */
             s.stream_pos = stream_pos;
+            const mk_u32 streamed = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;
             /* L3 */
             if (error == MK_OK) {
 #if MK_WGMMA_ONLY
@@ -537,7 +541,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
                 if (error != MK_OK)
                     e.expected = s.ins.pages;   /* observed: the pages free at the end */
             }
-            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;
+            s.stream_stages = error == MK_OK ? streamed : 0u;
             stream_pos += s.stream_stages;
 #if MK_TRACE
             s.t_loader[2] = mk_globaltimer();

@@ -31,7 +31,9 @@
  *     read pos - R itself; with one warp per stage it has not, so the streamer publishes
  *     ring_issued[slot] = pos (an atomic exchange with release semantics, cta) after its
  *     wait for pos - R's reader and before the copy, and the reader waits for that value
- *     (atomic reads with acquire semantics) before the parity wait. Seeing it, the reader
+ *     before the parity wait: lane 0 of the reading warp polls it (atomic reads with acquire
+ *     semantics) and a warp barrier orders its read before every lane's parity wait
+ *     (ops/gemm_stream.cuh, mk_stream_wait_full). Seeing it, the reader
  *     knows pos - R was read, hence landed; and pos + R cannot be issued before the reader
  *     itself arrives: the slot's phase is that of pos or the one before. Thread 0 sets
  *     every ring_issued to ~0 (no position) in the set-up.

@@ -204,28 +204,50 @@ __device__ __forceinline__ void mk_stream_fill_box(mk_u32 st, const mk_tensor& T
 }
 
 /* Wait until the streamer has issued position `pos` into slot `slot` (ring_issued) and its
- * copy has landed (ring_full phase (pos / R) & 1), by each lane of the warp; false past the
+ * copy has landed (ring_full phase (pos / R) & 1); all 32 lanes, converged. False past the
  * deadline (timeout_ns from the first failed try) or once another warp gave up (the op then
- * skips the stage's MMAs). */
+ * skips the stage's MMAs).
+ *
+ * Lane 0 alone reads ring_issued, for the warp, and the warp barrier after its read orders
+ * that acquire before every lane's parity wait (bar.warp.sync orders memory among the lanes
+ * that pass it): a lane's wait then knows pos - R has landed as lane 0 does ("which phase",
+ * stream.cuh). Every lane still waits on ring_full itself: that wait is its acquire of the
+ * page's bytes. One atomic read per warp and stage, not 32 to one word. */
 __device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot, mk_u32 pos,
                                                     mk_u32 parity)
 {
     if (mk_ring_stopped())
         return false;
-    bool issued = mk_issued_read(&ctl.ring_issued[slot]) == pos;
-    if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
-        return true;
-    const mk_u64 deadline = mk_deadline(ctl.params.timeout_ns);
+    const bool lane0 = (threadIdx.x & 31u) == 0u;
+    mk_u64 deadline = 0;
     mk_u32 n = 0;
-    for (;;) {
-        issued = issued || mk_issued_read(&ctl.ring_issued[slot]) == pos;
-        if (issued && mk_mbar_try_wait(&ctl.ring_full[slot], parity))
-            return true;
-        if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
-            if ((threadIdx.x & 31u) == 0u) {
+    for (;;) {   /* converged: each step's verdict is lane 0's */
+        const mk_u32 seen = __shfl_sync(0xffffffffu,
+                                        lane0 ? mk_issued_read(&ctl.ring_issued[slot]) : 0u, 0);
+        if (seen == pos)
+            break;
+        if (deadline == 0)
+            deadline = mk_deadline(ctl.params.timeout_ns);
+        const bool late = (++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped());
+        if (__shfl_sync(0xffffffffu, late ? 1u : 0u, 0) != 0u) {
+            if (lane0) {
                 atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);
                 atomicExch(&ctl.ring_stop, 1u);
             }
+            return false;
+        }
+    }
+    __syncwarp();
+    if (mk_mbar_try_wait(&ctl.ring_full[slot], parity))
+        return true;
+    if (deadline == 0)
+        deadline = mk_deadline(ctl.params.timeout_ns);
+    for (;;) {
+        if (mk_mbar_try_wait(&ctl.ring_full[slot], parity))
+            return true;
+        if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
+            atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);   /* whichever lane gave up */
+            atomicExch(&ctl.ring_stop, 1u);
             return false;
         }
     }
