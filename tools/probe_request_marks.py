@@ -19,7 +19,6 @@ import numpy as np
 
 import megak
 from megak.runtime import compiler
-from probe_resident_path import med   # tools/, beside this file
 
 
 def patch(src):
@@ -58,8 +57,8 @@ def patch(src):
         '        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(17, ctl.ticket);\n')
     rep('            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n',
         '            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n            if (blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(18, ctl.ticket);\n')
-    rep('            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;\n            stream_pos += s.stream_stages;\n',
-        '            s.stream_stages = error == MK_OK ? mk_stream_stages(s.ins, p) : 0u;\n            stream_pos += s.stream_stages;\n            if (blockIdx.x == 0 && q == 0 && s.stream_stages != 0xffffu) MKP(19, ctl.ticket);\n')
+    rep('            s.stream_stages = error == MK_OK ? streamed : 0u;\n            stream_pos += s.stream_stages;\n',
+        '            s.stream_stages = error == MK_OK ? streamed : 0u;\n            stream_pos += s.stream_stages;\n            if (blockIdx.x == 0 && q == 0 && s.stream_stages != 0xffffu) MKP(19, ctl.ticket);\n')
     rep('        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0\'s */\n',
         '        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0\'s */\n        if (lane == 0 && blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(20, ctl.ticket);\n')
     # compute: op start, op signalled
@@ -86,15 +85,13 @@ def patch(src):
     return src_[0]
 
 
-_ORIGINAL = compiler.device_source
-compiler.device_source = lambda: patch(_ORIGINAL())
 NAMES = {0: "relay: entry taken", 1: "relay: previous closed", 2: "go published", 3: "blk0 go seen",
          4: "blk0 params/queue/run read", 5: "blk0 ready arrive", 6: "loader rec+ops fetched",
          7: "op start", 8: "op signalled", 9: "roles joined", 10: "finish: status read",
          11: "finish: writes done", 12: "finish: sys fence + host word", 13: "closed released",
          14: "launch: blk0 entry", 15: "launch: set-up done",
          16: "loader: arrive full", 17: "compute: full seen", 18: "loader: validated",
-         19: "loader: pages + stages", 20: "loader: waits done"}
+         19: "loader: stages, pages", 20: "loader: waits done"}
 
 
 def marks_of(ex):
@@ -132,6 +129,9 @@ def report(title, m, order, host_us=None):
 
 def main():
     import torch
+    from probe_resident_path import med   # tools/, beside this file
+    original = compiler.device_source
+    compiler.device_source = lambda: patch(original())
     for name, build in (("copy", lambda g: g.output(g.copy(g.input("x", (1, 32))), "y")),
                         ("empty", lambda g: g.output(g.input("x", (1, 32)), "x_out"))):
         g = megak.Graph()

@@ -1,0 +1,48 @@
+"""The probes in tools/ that measure the megakernel from inside compile it with text patches of
+the device source (marks, or variants that cut or change one step). A patch whose anchor no
+longer matches the source fails only when the probe runs, on the GPU machine, where device
+time is the scarce thing: every patch of every probe is applied here, to the current source,
+without a GPU."""
+import importlib
+from pathlib import Path
+
+import pytest
+
+from megak.runtime import compiler
+
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
+
+@pytest.fixture
+def source(monkeypatch):
+    """The device source as built; the tools are importable, and whatever a probe module does
+    to compiler.device_source on import is undone afterwards."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    monkeypatch.setattr(compiler, "device_source", compiler.device_source)
+    return compiler.device_source()
+
+
+def test_every_stage_probe_variant_applies(source):
+    probe = importlib.import_module("probe_stream_stages")
+    for variant in probe.VARIANTS:
+        for marked in (False, True):
+            assert probe.patched(source, variant, marked) != source or (
+                variant == "asbuilt" and not marked)
+
+
+def test_every_racecheck_variant_applies(source):
+    probe = importlib.import_module("probe_racecheck")
+    for variant in probe.VARIANTS:
+        assert (probe.patched(source, variant) == source) == (variant == "asbuilt")
+
+
+def test_every_stream_loop_cut_applies(source):
+    probe = importlib.import_module("probe_stream_loop")
+    for name, cuts in probe.CUTS.items():
+        for anchor, _ in cuts:
+            assert source.count(anchor) == 1, (name, anchor)
+
+
+def test_every_request_mark_applies(source):
+    probe = importlib.import_module("probe_request_marks")
+    assert "mk_probe_marks" in probe.patch(source)
