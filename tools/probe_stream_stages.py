@@ -8,9 +8,6 @@ and stages, or instructions) of
     B wait          from the warp's start of the stage (its A chunk requested) to the page
                     seen full (ring_issued, then ring_full)
     A wait          then its wait for the A chunk (cp.async)
-    A last chunk    with two m16 tiles (17-32 rows) a stage's A is two chunks: the first
-                    chunk landed to the last landed (the first chunk's MMAs, the last
-                    chunk's copy and wait)
     mma             then its ldmatrix + MMAs (every chunk), up to its arrive on ring_empty
     issue->land     the streamer's issue of a stage to the warp seeing it full, over the
                     stages the warp waited for (the copy's latency)
@@ -52,12 +49,11 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 17   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
+NMARK = 16   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
              # instruction, at its first position: 1 k-loop entry, 5 k loop done, 6 reduced,
              # 7 combined, 8 epilogue stored (the last part only); the interpreter around it:
              # 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken (L3),
-             # 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry;
-             # per stage again: 16 its last A chunk landed
+             # 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);\n"
 
@@ -70,8 +66,8 @@ def cap(f):
              + _STREAMER_ISSUE)]
 
 
-_NO_A = [("""            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
-                              MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")]
+_NO_A = [("""        mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                          MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")]
 
 # A's k slices read in an order rotated by the SM (B's order unchanged): at any moment the SMs
 # of a layer read different A lines from L2, while they still read the same rows of B from
@@ -207,23 +203,23 @@ MARKS = [
      "#else\n#define MKP(pos, i) do { } while (0)\n#endif\n"),
     (_STREAMER_ISSUE, "                MKP(pos, 0);\n" + _STREAMER_ISSUE),
     # the ring's k loop: the entry (thread 0, at the instruction's first position); per stage,
-    # lane 0 of its warp: 9 start, 3 page seen, 2 A landed, 4 done
-    ("#pragma unroll 1\n    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {\n"
+    # lane 0 of its warp (of a two-reader stage, of whichever reader writes last): 9 start,
+    # 3 page seen, 2 A landed, 4 done
+    ("#pragma unroll 1\n    for (int s = warp % step; s < nst; s += step) {\n"
      "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n",
      "    if (threadIdx.x == 0) MKP(pages.stream_pos, 1);\n"
-     "#pragma unroll 1\n    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {\n"
+     "#pragma unroll 1\n    for (int s = warp % step; s < nst; s += step) {\n"
      "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n"
      "        if (lane == 0) MKP(pos, 9);\n"),
-    ("                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n",
-     "                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n"
-     "            if (c == 0 && lane == 0) MKP(pos, 3);\n"),
-    ("            __syncwarp();                     /* every lane's A copies visible to the warp */\n",
-     "            __syncwarp();                     /* every lane's A copies visible to the warp */\n"
-     "            if (c == 0 && lane == 0) MKP(pos, 2);\n"
-     "            if (c == MTS - 1 && lane == 0) MKP(pos, 16);\n"),
-    ("        __syncwarp();\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.ring_empty[slot]);\n",
+    ("        const bool ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n",
+     "        const bool ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));\n"
+     "        if (lane == 0) MKP(pos, 3);\n"),
+    ("        __syncwarp();                         /* every lane's A copies visible to the warp */\n",
+     "        __syncwarp();                         /* every lane's A copies visible to the warp */\n"
+     "        if (lane == 0) MKP(pos, 2);\n"),
+    ("        __syncwarp();\n        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n",
      "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
-     "        if (lane == 0)\n            mk_mbar_arrive(&ctl.ring_empty[slot]);\n"),
+     "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
     # the interpreter between two streamed instructions of a block
@@ -311,7 +307,6 @@ GAP_STEPS = ("g:barrier", "g:signal", "g:pages", "g:deps+handover", "g:seen", "g
 def analyse(m):
     """Medians over every (SM, stage) with the marks it needs, in us."""
     issue_land, a_wait, b_wait, mma, enter_first, ahead = [], [], [], [], [], []
-    a_last = []
     for sm in range(m.shape[0]):
         r = m[sm]
         for pos in np.nonzero(r[:, 4])[0]:
@@ -322,8 +317,6 @@ def analyse(m):
                                                   & (np.arange(MAXPOS) >= pos))))
             b_wait.append(t[3] - t[9])
             a_wait.append(t[2] - t[3])
-            if t[16] > t[2]:              # a second chunk
-                a_last.append(t[16] - t[2])
             mma.append(t[4] - t[2])
             if t[0] and t[3] - t[9] > 200:   # the warp waited: full seen ~ landed
                 issue_land.append(t[3] - t[0])
@@ -349,7 +342,7 @@ def analyse(m):
                         gap_steps[name].append(b - a)
     out = {f"{k}": med(v) for k, v in tail.items()} | {k: med(v) for k, v in gap_steps.items()}
     return out | {"issue->land (waited)": med(issue_land), "A wait": med(a_wait),
-            "A last chunk": med(a_last), "B wait": med(b_wait),
+            "B wait": med(b_wait),
             "mma": med(mma), "enter->first": med(enter_first),
             "issued ahead at entry": statistics.median(ahead) if ahead else float("nan"),
             "B wait mean": float(np.mean(b_wait)) / 1e3 if b_wait else float("nan"),

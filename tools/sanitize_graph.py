@@ -116,7 +116,9 @@ WG_U, WG_N, WG_N2 = (200, 136), 200, 260   # the wgmma pair: 2 x 1 and 2 x 2 til
 WG2_T, WG2_N, WG2_N2 = (300, 200), 520, 260    # wgmma_graph: 3 x 3 then 3 x 2 tiles, K tail
 #                                                at A's end (520), on 2 SMs
 SPLIT_X, SPLIT_N = (100, 1100), 120    # split_graph: one tile, K 1100 in parts on 8 SMs
-RING_X, RING_N, RING_N2 = (16, 1500), 40, 72   # ring_graph: 12 boxes of 128 k-rows, then 1
+RING_X, RING_N, RING_N2 = (40, 1500), 40, 72   # ring_graph: 12 boxes of 128 k-rows, then 1;
+#                                                 40 rows: a row band of two m16 tiles (two
+#                                                 warps read each stage) and one of one
 
 
 def ring_graph() -> megak.Graph:

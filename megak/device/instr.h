@@ -86,6 +86,9 @@ enum mk_op_shapes {
     MK_STREAM_MIN_RING = 2,    /* a program streams weights only with at least this many ring
                                   pages left over by its other instructions */
     MK_STREAM_MAX_RING = 12,   /* ring pages a block can track (mbarrier pairs in mk_control) */
+    MK_STREAM_READERS = 2,     /* arrivals that free a ring page: a stage is read by one warp
+                                  per m16 tile of its instruction (each its share of the box's
+                                  k-rows); the one reader of a one-tile stage arrives twice */
     MK_TMAP_BYTES = 128,       /* one CUtensorMap in the binding's table (128-B aligned) */
     /* the Hopper bf16 GEMM (ops/gemm_wgmma.cuh, MK_FLAG_WGMMA): a 128 x 256 tile, k-blocks of
      * 64 through a ring of stages of 3 pages (A's box of 128 rows x 64 k, B's 4 boxes of 64 k

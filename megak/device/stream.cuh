@@ -13,8 +13,10 @@
  *            (expect_tx) and issues the copy (evict-first in L2: weights are read once)
  *   loader   gives each instruction its first position and stage count (slot.stream_pos,
  *            slot.stream_stages) from the same predicate, on the same record bytes
- *   compute  the op's warps take the instruction's stages in turn (warp w: stages w, w + 8,
- *            ...): the warp waits on ring_full of its stage, reads it, and arrives on
+ *   compute  the op's warps take the instruction's stages in turn, r warps to a stage for
+ *            an instruction of r m16 tiles (r = 1: warp w reads stages w, w + 8, ...;
+ *            r = 2: warps w and w + 4 read stages w, w + 4, ..., each half of the box's
+ *            k-rows): each reader waits on ring_full of its stage, reads it, and arrives on
  *            ring_empty once it is done with the page
  *
  * The streamer only waits for pages to come back, never for dependencies: while the compute
@@ -28,20 +30,22 @@
  *   - which phase: a parity wait tells apart only the phase it waits for and the one before,
  *     so the reader of pos must know that pos - R has landed (else the phase of pos - 2 R,
  *     same parity, reads as complete). With every warp reading every stage the reader had
- *     read pos - R itself; with one warp per stage it has not, so the streamer publishes
- *     ring_issued[slot] = pos (an atomic exchange with release semantics, cta) after its
- *     wait for pos - R's reader and before the copy, and the reader waits for that value
- *     before the parity wait: lane 0 of the reading warp polls it (atomic reads with acquire
- *     semantics) and a warp barrier orders its read before every lane's parity wait
- *     (ops/gemm_stream.cuh, mk_stream_wait_full). Seeing it, the reader
- *     knows pos - R was read, hence landed; and pos + R cannot be issued before the reader
- *     itself arrives: the slot's phase is that of pos or the one before. Thread 0 sets
+ *     read pos - R itself; with one or two warps per stage it has not, so the streamer
+ *     publishes ring_issued[slot] = pos (an atomic exchange with release semantics, cta)
+ *     after its wait for pos - R's readers and before the copy, and each reader waits for
+ *     that value before the parity wait: lane 0 of the reading warp polls it (atomic reads
+ *     with acquire semantics) and a warp barrier orders its read before every lane's
+ *     parity wait (ops/gemm_stream.cuh, mk_stream_wait_full). Seeing it, the reader knows
+ *     pos - R was read, hence landed; and pos + R cannot be issued before the reader itself
+ *     arrives: the slot's phase is that of pos or the one before. Thread 0 sets
  *     every ring_issued to ~0 (no position) in the set-up.
- *   - reader -> next copy into the slot (write after read): the one warp that reads a page
+ *   - reader -> next copy into the slot (write after read): each warp that reads a page
  *     orders its lanes' reads (ldmatrix, generic proxy) before its lane 0's arrive on
  *     ring_empty[slot] (__syncwarp, then the arrive's release); the streamer's try_wait of
- *     that phase (acquire) happens before it issues the next copy into the page. 1 arrival
- *     per phase: the page's warp.
+ *     that phase (acquire) happens before it issues the next copy into the page. A phase is
+ *     MK_STREAM_READERS (2) arrivals: one from each of a stage's two readers, or two at once
+ *     from its only reader, so it completes only once every warp that reads the page is
+ *     done with it.
  *   - generic writes -> copies: a ring page may have been written by generic stores before
  *     this invocation (another program of the resident kernel used the page through the
  *     allocator). The streamer issues fence.proxy.async before its first copy, after the
@@ -132,7 +136,8 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
 }
 
 /* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
- * empty the arrival of the one compute warp that reads the stage; ring_issued says "no
+ * empty MK_STREAM_READERS arrivals (each reader of the stage's, or its one reader's two);
+ * ring_issued says "no
  * position". Thread 0, in the set-up; `was` = how many were initialised before (the resident
  * kernel's previous request): invalidated first. */
 __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32 now)
@@ -143,7 +148,7 @@ __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32
     }
     for (mk_u32 i = 0; i < now; ++i) {
         mk_mbar_init(&ctl.ring_full[i], 1u);
-        mk_mbar_init(&ctl.ring_empty[i], 1u);
+        mk_mbar_init(&ctl.ring_empty[i], (mk_u32)MK_STREAM_READERS);
         ctl.ring_issued[i] = ~0u;
     }
     if (now > 0)

@@ -221,6 +221,13 @@ __device__ __forceinline__ void mk_mbar_arrive(mk_u64* bar)
                  : : "r"(mk_smem_addr(bar)) : "memory");
 }
 
+/* `count` arrivals at once (the one reader of a ring stage that two warps may share). */
+__device__ __forceinline__ void mk_mbar_arrive_count(mk_u64* bar, mk_u32 count)
+{
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], %1; }"
+                 : : "r"(mk_smem_addr(bar)), "r"(count) : "memory");
+}
+
 /* True once the phase with parity `parity` has completed. try_wait lets the hardware suspend
  * the warp for a while instead of spinning on issue slots. */
 __device__ __forceinline__ bool mk_mbar_try_wait(mk_u64* bar, mk_u32 parity)

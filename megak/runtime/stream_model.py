@@ -16,7 +16,8 @@ serves many requests; each invocation has its own queue and ring size R = stream
             i.e. the phase of parity P is the one that completed last (a fresh barrier reads
             as if a phase of parity 1 had just completed).
   slots     R pages; slot i has full[i] (1 arrival: the streamer's arrive.expect_tx, plus the
-            copy's bytes) and empty[i] (1 arrival: the warp that reads the stage).
+            copy's bytes) and empty[i] (READERS = 2 arrivals: each of a stage's two readers
+            arrives once, a stage's only reader arrives with a count of 2).
   stages    the streamed instructions of the queue in order (the predicate: MK_FLAG_STREAM in
             the record and ready[B] in the table), each with `stages` boxes; position pos
             counts them from 0 in each invocation; stage pos lives in slot pos % R.
@@ -27,13 +28,15 @@ serves many requests; each invocation has its own queue and ring size R = stream
             min(pos, R) stages, parity (p // R) & 1.
   copy      lands at a later step of its own: writes the page (stage data: invocation,
             instruction, stage), then completes its bytes on full[slot].
-  warp w    8 of them; runs the queue in order; each stage k of a streamed instruction is
-            warp k % 8's (the GEMM's warps take an instruction's stages in turn): for each of
-            its own, wait until issued[slot] == pos, then full[slot] with parity
-            (pos // R) & 1, polling ring_stop between tries (set: leave); read the page;
-            arrive on empty[slot]; the others' it passes by (pos still counts them). The
-            issued word is what makes the parity wait exact: a parity tells apart two
-            phases only, and the warp has not read pos - R itself. Injected failures, at
+  warp w    8 of them; runs the queue in order; stage k of a streamed instruction whose
+            record has `readers` r (1 or 2: its m16 tiles) is read by the r warps
+            k % (8 / r) + j 8 / r (the GEMM's warps take an instruction's stages in turn, r
+            warps to a stage, each its share of the stage's k-rows): for each of its own,
+            wait until issued[slot] == pos, then full[slot] with parity (pos // R) & 1,
+            polling ring_stop between tries (set: leave); read the page; arrive on
+            empty[slot] with a count of READERS / r; the others' it passes by (pos still
+            counts them). The issued word is what makes the parity wait exact: a parity
+            tells apart two phases only, and the warp has not read pos - R itself. Injected failures, at
             the start of an instruction: one warp sets ring_stop and leaves, or the whole
             compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
             as when the loader reports an error for the instruction.
@@ -66,7 +69,8 @@ Beside the shared memory the models keep what they know to be true (`RingTruth`,
 
   1  a warp reads exactly the stage it expects: no stale page (not yet landed, or another
      invocation's), no page overwritten before it read it;
-  2  the streamer never issues into a slot whose previous stage its warp has yet to read;
+  2  the streamer never issues into a slot whose previous stage one of its readers has yet
+     to read;
   3  no copy lands after its block has left the invocation, or on barriers initialised again
      since it was issued;
   4  no deadlock (a state where no actor can move and not all are done) and no hang, for any
@@ -97,7 +101,9 @@ tests can show the checks catch it:
                              also asks the table's ready[B]);
     silent_failure           a failure leaves without setting ring_stop;
     empty_count_per_warp     empty[i] expects one arrival per warp (8), as if every warp read
-                             every stage, while only the stage's warp arrives;
+                             every stage, while only the stage's readers arrive;
+    reader_arrives_for_all   each reader of a two-reader stage arrives with the count of a
+                             stage's only reader (2), as if it read the page alone;
     no_issued_word           the warps wait on full's parity alone, as when every warp read
                              every stage.
   CombineModel
@@ -133,6 +139,7 @@ from .resident_model import PROGRESS, Actor, ModelViolation, RoundRobin, interle
 WARPS = abi.THREADS // 32
 PAGE_BYTES = abi.PAGE_BYTES
 MAX_RING = abi.OP_SHAPES["MK_STREAM_MAX_RING"]
+READERS = abi.OP_SHAPES["MK_STREAM_READERS"]
 U32 = 0xFFFFFFFF
 WRAP_LIMIT = 2 ** 31
 
@@ -150,7 +157,7 @@ RULES = {
 
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
-           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owner", "streamed"]
+           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owners", "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -224,10 +231,11 @@ class MBarrier:
     def inval(self) -> None:
         self.valid = False
 
-    def arrive(self, expect_tx: int = 0) -> None:
-        """mbarrier.arrive (.expect_tx: raises the phase's expected bytes first)."""
+    def arrive(self, expect_tx: int = 0, count: int = 1) -> None:
+        """mbarrier.arrive of `count` arrivals (.expect_tx: raises the phase's expected bytes
+        first)."""
         self.tx += expect_tx
-        self.pending -= 1
+        self.pending -= count
         self._complete()
 
     def complete_tx(self, nbytes: int) -> None:
@@ -248,15 +256,20 @@ class MBarrier:
 @dataclass(frozen=True)
 class Record:
     """One instruction of a block's queue as the stream sees it: MK_FLAG_STREAM, which tensor
-    of the table is its B, and its stage count (boxes of B)."""
+    of the table is its B, its stage count (boxes of B), and how many warps read each of its
+    stages (its m16 tiles)."""
     stream: bool = False
     b: int = 0
     stages: int = 1
+    readers: int = 1
 
 
-def owner(stage: tuple[int, int]) -> int:
-    """The compute warp that reads stage (instruction, k): the instruction's stages in turn."""
-    return stage[1] % WARPS
+def owners(record: Record, k: int) -> tuple[int, ...]:
+    """The compute warps that read stage k of `record`: the instruction's stages in turn,
+    `readers` warps to a stage (warp w takes stages w % (8 / r) + j 8 / r ... , its share
+    w // (8 / r) of their k-rows)."""
+    step = WARPS // record.readers
+    return tuple(k % step + j * step for j in range(record.readers))
 
 
 def streamed(record: Record, ready: tuple[bool, ...]) -> bool:
@@ -304,8 +317,8 @@ class RingTruth:
 
 @dataclass
 class RingOutcome:
-    """What one run did: steps; per invocation, stages issued, stages read (each by its
-    warp), and whether the stop path ran."""
+    """What one run did: steps; per invocation, stages issued, stages read (by every one of
+    their readers), and whether the stop path ran."""
     steps: int
     issued: list
     read: list
@@ -321,7 +334,7 @@ class RingModel:
                  empty_parity_off_by_one: bool = False, no_reinit: bool = False,
                  no_drain: bool = False, streamer_ignores_ready: bool = False,
                  silent_failure: bool = False, empty_count_per_warp: bool = False,
-                 no_issued_word: bool = False):
+                 no_issued_word: bool = False, reader_arrives_for_all: bool = False):
         self.invocations = list(invocations)
         for inv in self.invocations:
             if not 0 <= inv.ring <= MAX_RING:
@@ -330,6 +343,8 @@ class RingModel:
                 raise ValueError("a program that streams needs ring pages")
             if any(r.stages < 1 for r in inv.queue):
                 raise ValueError("every instruction has at least one stage")
+            if any(r.readers not in (1, READERS) for r in inv.queue):
+                raise ValueError(f"a stage has 1 or {READERS} readers")
         self.skip_empty_wait = skip_empty_wait
         self.arrive_before_read = arrive_before_read
         self.full_parity_off_by_one = full_parity_off_by_one
@@ -338,8 +353,9 @@ class RingModel:
         self.no_drain = no_drain
         self.streamer_ignores_ready = streamer_ignores_ready
         self.silent_failure = silent_failure
-        self.empty_count = WARPS if empty_count_per_warp else 1
+        self.empty_count = WARPS if empty_count_per_warp else READERS
         self.no_issued_word = no_issued_word
+        self.reader_arrives_for_all = reader_arrives_for_all
         # shared memory
         self.pages: list[Page | None] = [None] * MAX_RING
         self.full = [MBarrier() for _ in range(MAX_RING)]
@@ -360,9 +376,14 @@ class RingModel:
         return RingOutcome(
             steps=steps,
             issued=[len(t.issued[n]) for n in range(len(self.invocations))],
-            read=[sum(len(t.consumed[n, w]) for w in range(WARPS))
-                  for n in range(len(self.invocations))],
+            read=[self._read_through(n, inv) for n, inv in enumerate(self.invocations)],
             stopped=[bool(t.gone[n]) for n in range(len(self.invocations))])
+
+    def _read_through(self, n: int, inv: Invocation) -> int:
+        """Positions of invocation n that every reader of their stage read."""
+        reads = self.truth.reads
+        return sum(set(owners(inv.queue[i], k)) <= reads.get((n, pos), set())
+                   for pos, (i, k) in enumerate(self.truth.sequence.get(n, [])))
 
     # -- thread 0 and the join barrier ------------------------------------------------------
     def _block(self):
@@ -417,7 +438,8 @@ class RingModel:
                      f"invocation {n}: the streamer issued {t.issued[n]}, the loader's "
                      f"sequence is {t.sequence[n]}")
             for w in range(WARPS):
-                mine = [stage for stage in t.sequence[n] if owner(stage) == w]
+                mine = [stage for stage in t.sequence[n] if w in owners(inv.queue[stage[0]],
+                                                                        stage[1])]
                 _require(t.consumed[n, w] == mine, 5,
                          f"invocation {n}: warp {w} read {t.consumed[n, w]} of its {mine}")
 
@@ -490,11 +512,12 @@ class RingModel:
         before = pos - inv.ring
         if before >= 0:
             read = self.truth.reads.get((n, before), set())
-            w = owner(sequence[before])
-            unread = w not in read and w not in self.truth.gone[n]
-            _require(not unread, 2, f"invocation {n}: the streamer issues position {pos} into "
-                                    f"slot {pos % inv.ring} while warp {w} has not read "
-                                    f"position {before}")
+            i, k = sequence[before]
+            for w in owners(inv.queue[i], k):
+                unread = w not in read and w not in self.truth.gone[n]
+                _require(not unread, 2, f"invocation {n}: the streamer issues position {pos} "
+                                        f"into slot {pos % inv.ring} while warp {w} has not "
+                                        f"read position {before}")
 
     # -- a copy -----------------------------------------------------------------------------
     def _copy(self, n: int, pos: int, slot: int, page: Page, generation: int):
@@ -529,8 +552,9 @@ class RingModel:
             if not streamed(record, inv.ready):
                 yield PROGRESS            # the instruction's own work
                 continue
+            arrivals = READERS if self.reader_arrives_for_all else READERS // record.readers
             for k in range(record.stages):
-                if owner((i, k)) != w:
+                if w not in owners(record, k):
                     pos += 1                  # another warp's stage
                     continue
                 slot = pos % R
@@ -544,20 +568,22 @@ class RingModel:
                     self.truth.gone[n].add(w)
                     return
                 if self.arrive_before_read:
-                    self.empty[slot].arrive()
+                    self.empty[slot].arrive(count=arrivals)
                     yield PROGRESS
-                self._read(n, w, pos, slot, (i, k))
+                self._read(n, w, pos, slot, (i, k), record)
                 yield PROGRESS
                 if not self.arrive_before_read:
-                    self.empty[slot].arrive()
+                    self.empty[slot].arrive(count=arrivals)
                     yield PROGRESS
                 pos += 1
 
-    def _read(self, n: int, w: int, pos: int, slot: int, stage: tuple[int, int]) -> None:
+    def _read(self, n: int, w: int, pos: int, slot: int, stage: tuple[int, int],
+              record: Record) -> None:
         """Rules 5 and 1: the stage warp w takes from pos, and the page it finds there."""
         t = self.truth
         sequence = t.sequence[n]
-        _require(pos < len(sequence) and sequence[pos] == stage and owner(stage) == w, 5,
+        _require(pos < len(sequence) and sequence[pos] == stage and
+                 w in owners(record, stage[1]), 5,
                  f"invocation {n}: warp {w} takes {stage} from position {pos}")
         page = self.pages[slot]
         _require(page == Page(n, *stage), 1, f"invocation {n}: warp {w} reads position {pos} "

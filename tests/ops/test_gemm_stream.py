@@ -445,10 +445,11 @@ def test_stream_stress_random_chains():
 @pytest.mark.parametrize("n_pages", [5, 6, 9, 13])
 def test_stream_ring_sizes_stress(n_pages):
     # rings of 2, 3, 6 and 10 pages (13 - 3 op pages at most) under instructions of 1 to 32
-    # stages: a warp takes every 8th stage of its instruction, so with a small ring the warps
-    # wait for positions the streamer issues R at a time into slots whose previous stage
-    # another warp read (the issued word, stream.cuh); run again and again, every result
-    # checked
+    # stages: a warp takes every 8th stage of its instruction (every 4th, with the warp 4
+    # apart, for two m16 tiles: batch 40 mixes both in one queue), so with a small ring the
+    # warps wait for positions the streamer issues R at a time into slots whose previous stage
+    # other warps read (the issued word and the two arrivals per phase, stream.cuh); run
+    # again and again, every result checked
     from megak.runtime.driver import gpu_usable
     if not gpu_usable():
         pytest.skip("needs a GPU")

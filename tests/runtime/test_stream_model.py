@@ -28,13 +28,15 @@ def scheduler(seed: int):
 # -- the weight ring --------------------------------------------------------------------------
 def random_ring(seed: int, fail_rate: float = 0.2, **switches) -> RingModel:
     """1-4 invocations, each 1-6 instructions (70% flagged, 1-4 stages, B one of 3 tensors
-    whose map the table may lack), a ring of 1-5 or MAX_RING pages, and with `fail_rate` a
-    failure of one warp or of the whole compute role at a random instruction."""
+    whose map the table may lack, one or two readers per stage), a ring of 1-5 or MAX_RING
+    pages, and with `fail_rate` a failure of one warp or of the whole compute role at a
+    random instruction."""
     rng = random.Random(seed)
     invocations = []
     for _ in range(rng.randint(1, 4)):
         ready = tuple(rng.random() < 0.8 for _ in range(3)) + (True,) * 3
-        queue = tuple(Record(rng.random() < 0.7, rng.randrange(3), rng.randint(1, 4))
+        queue = tuple(Record(rng.random() < 0.7, rng.randrange(3), rng.randint(1, 4),
+                             rng.choice((1, sm.READERS)))
                       for _ in range(rng.randint(1, 6)))
         fail = None
         if rng.random() < fail_rate:
@@ -88,11 +90,27 @@ def test_the_ring_holds_in_200_random_interleavings():
 
 @pytest.mark.parametrize("ring", range(1, sm.MAX_RING + 1))
 def test_every_ring_size_streams_a_long_queue(ring):
-    queue = (Record(True, 0, 7), Record(), Record(True, 1, 1), Record(True, 0, 13))
+    queue = (Record(True, 0, 7), Record(), Record(True, 1, 1), Record(True, 0, 13),
+             Record(True, 1, 9, readers=sm.READERS), Record(True, 0, 2))
     model = RingModel([Invocation(queue, ring=ring)] * 2)
     for seed in range(3):
         outcome = run_ring(RingModel(model.invocations), seed + 1)
-        assert outcome.issued == outcome.read == [21, 21]
+        assert outcome.issued == outcome.read == [32, 32]
+
+
+def test_a_stage_of_two_readers_is_read_by_both_before_its_slot_is_reused():
+    """Warps 0-3 and 4-7 split each stage of a two-tile instruction: both read stage k (warps
+    k % 4 and k % 4 + 4), and the streamer waits for both before the slot's next copy."""
+    assert sm.owners(Record(True, 0, 8, readers=2), 5) == (1, 5)
+    assert sm.owners(Record(True, 0, 8), 5) == (5,)
+    queue = (Record(True, 0, 6, readers=2), Record(True, 1, 3))
+    model = RingModel([Invocation(queue, ring=2)])
+    outcome = model.run(Priority("block", "streamer", "copy*", "warp0", "warp1"))
+    assert outcome.issued == outcome.read == [9]
+    for pos in range(6):
+        assert model.truth.reads[0, pos] == {pos % 4, pos % 4 + 4}
+    with pytest.raises(ValueError):
+        RingModel([Invocation((Record(True, 0, 1, readers=3),), ring=2)])
 
 
 def test_a_program_without_a_ring_streams_nothing():
@@ -177,6 +195,7 @@ def ring_rules_broken(seeds, misuse: str, **world) -> Counter:
     ("streamer_ignores_ready", {5}),
     ("empty_count_per_warp", {4}),
     ("no_issued_word", {1}),
+    ("reader_arrives_for_all", {2, 4}),   # 4: arrivals past the count jam the barrier
 ])
 def test_each_ring_misuse_is_caught(misuse, rules):
     caught = ring_rules_broken(range(40), misuse)

@@ -14,10 +14,12 @@
  *   one page, as the TMA's 128-B swizzle lays it out: k-row r at byte 128 r, its 16-B chunk c
  *   (columns 8c .. 8c + 7) at chunk c ^ (r & 7)
  *
- * Warps, with the ring: warp w takes whole stages, s = w, w + 8, ... of the instruction (all
- * 8 k16 steps of its page, all 8 n8 tiles, both m16 tiles: rows <= MK_STREAM_TILE_M = 32; a
- * GEMM of up to 64 rows has two row bands, each streaming B), so 8 stages are read at once
- * and one warp's waits overlap the others' MMAs. Without the ring (the compute warps copy
+ * Warps, with the ring: with one m16 tile (rows <= 16) warp w takes whole stages, s = w,
+ * w + 8, ... of the instruction (all 8 k16 steps of its page, all 8 n8 tiles), so 8 stages
+ * are read at once and one warp's waits overlap the others' MMAs; with two (rows <= 32 =
+ * MK_STREAM_TILE_M; a GEMM of up to 64 rows has two row bands, each streaming B) warps w and
+ * w + 4 share stages s = w, w + 4, ..., each half of the page's k-rows for both tiles, 4
+ * stages at once. Without the ring (the compute warps copy
  * each box into page 2 themselves, with block barriers) warp w takes k16 step w of every
  * stage. Either way 2 x 8 x 4 fp32 accumulators per thread, summed over the 8 warps at the
  * end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
@@ -38,13 +40,14 @@
  *    stage on the H200 with the page already there (A wait, page wait, MMAs, arrive: one
  *    warp's latency chain, repeated in lock step), more than the 0.5 us in which HBM
  *    delivers an SM's page at full rate (tools/probe_stream_stages.py). With 8 stages in
- *    flight, one per warp, each warp's chain is paid once per 8 stages. Each page is read by
- *    one warp (ldmatrix.trans through the swizzle: the 8 row addresses of a phase fall in 8
- *    different bank groups), and each k-slice of A by one warp, so A is read once per SM;
- *  - A (the previous layer's output, in L2): with the ring, each warp copies its stage's slice
- *    (4 KiB chunks) before it waits for the page, so the L2 read (~1-2 us under the whole
- *    GPU's streaming) overlaps the page's wait and the other warps' MMAs; without the ring it
- *    is requested several stages ahead into a ring in pages 0-1 (see below);
+ *    flight, one per warp, each warp's chain is paid once per 8 stages. Each k-row of a page
+ *    is read by one warp (ldmatrix.trans through the swizzle: the 8 row addresses of a phase
+ *    fall in 8 different bank groups), and each k-slice of A by one warp, so A is read once
+ *    per SM;
+ *  - A (the previous layer's output, in L2): with the ring, each warp copies its share of
+ *    its stage (one 4 KiB chunk) before it waits for the page, so the L2 read (~1-2 us under
+ *    the whole GPU's streaming) overlaps the page's wait and the other warps' MMAs; without
+ *    the ring it is requested several stages ahead into a ring in pages 0-1 (see below);
  *  - k ranges are whole boxes except at K's end, where the copy fills zeros: no stage mixes
  *    two parts' k-rows, and A past K is zero-filled by its copy (0 x a finite weight);
  *    columns past N arrive as zeros too;
@@ -84,6 +87,8 @@ static_assert(MK_STREAM_WARPS * MK_STREAM_PART_FLOATS * 4 == 2 * MK_PAGE_BYTES,
 static_assert(MK_STREAM_TILE_M == 32 && MK_STREAM_PAGES == 3,
               "staging rows 0-31 in page 0, box page 2");
 static_assert(MK_STREAM_BOX_COLS == 64, "8 n8 tiles per box");
+static_assert(MK_STREAM_READERS * 16 == MK_STREAM_TILE_M,
+              "a ring stage is read by one warp per m16 tile of its instruction");
 
 __device__ __forceinline__ mk_u32 mk_stream_parts(const mk_instr& in) { return in.param >> 16; }
 __device__ __forceinline__ mk_u32 mk_stream_part(const mk_instr& in) { return in.param & 0xffffu; }
@@ -313,19 +318,29 @@ __device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u3
         }
 }
 
-/* The k loop with the ring: warp w takes stages s = w, w + 8, ... (stage s at position
- * pages.stream_pos + s, in slot pos % R with full parity (pos / R) & 1). For each, chunk by
- * chunk: its A chunk is requested, then (first chunk) the page waited for, then the chunk
- * waited for and its k16 steps' MMAs; then the warp's one arrival on ring_empty[slot].
+/* The k loop with the ring: a stage is read by MTS warps, one per m16 tile (MTS = 1: warp w
+ * takes stages s = w, w + 8, ...; MTS = 2: warps w and w + 4 take s = w, w + 4, ..., warp w
+ * k-rows 0-63 of each and warp w + 4 k-rows 64-127). Stage s is at position
+ * pages.stream_pos + s, in slot pos % R with full parity (pos / R) & 1. For each of its
+ * stages a warp requests its one A chunk (kc k-rows of the 16 MTS rows: 4 KiB, its whole
+ * buffer), waits for the page while the chunk is on its way, then for the chunk, runs its
+ * k16 steps' MMAs, and arrives on ring_empty[slot].
  *
  * Ordering (stream.cuh has the ring's): the warp has not read pos - R, so it waits for
- * ring_issued[slot] == pos before the parity wait ("which phase" there). A page is read by
- * one warp, so ring_empty counts one arrival per phase: __syncwarp orders every lane's
- * ldmatrix of the page before lane 0's arrive (release), which the streamer's wait acquires
- * before its next copy into the slot.
- * The warp's A buffer is written again (next chunk, next stage) only after the MMAs that used
- * the previous chunk's fragments were issued, i.e. after its ldmatrix reads returned, and
- * after a __syncwarp: no lane's copy overtakes another lane's read. */
+ * ring_issued[slot] == pos before the parity wait ("which phase" there). A phase of
+ * ring_empty is MK_STREAM_READERS arrivals: each of a stage's two readers arrives once, a
+ * stage's only reader twice at once, so the phase completes after every reader's arrive;
+ * __syncwarp orders every lane's ldmatrix of the page before its lane 0's arrive (release),
+ * which the streamer's wait acquires before its next copy into the slot.
+ * The warp's A buffer is written again (next stage) only after the MMAs that used the
+ * chunk's fragments were issued, i.e. after its ldmatrix reads returned, and after a
+ * __syncwarp: no lane's copy overtakes another lane's read.
+ *
+ * Why two readers for two m16 tiles: one warp per stage then needs two A chunks of 32 rows
+ * x 64 k-rows per stage in its 4 KiB buffer, the second copied and waited for after the
+ * first chunk's MMAs: 1.5 us of a 1.95 us warp-stage at batch 64 on the H200
+ * (tools/probe_stream_stages.py, "A last chunk"). With the stage's k-rows split between two
+ * warps each copies one chunk, under its page wait. */
 template <int MTS>
 __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const mk_tensor* op,
                                                      const mk_pages& pages,
@@ -343,26 +358,24 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
     /* ldmatrix rows of this lane: A rows l % 16, unit l / 16 of the k16 step; B k-rows */
     const int a_r = lane & 15, a_c = lane >> 4;
     const mk_u32 b_lane = (lane & 7u) + ((lane >> 3) & 1u) * 8u;
+    /* MTS readers per stage: this warp's stages and its share of their k-rows (one chunk) */
+    constexpr int step = MK_STREAM_WARPS / MTS;
+    const int kb = kc * (warp / step);        /* the share's first k-row in the stage */
 #pragma unroll 1
-    for (int s = warp; s < nst; s += MK_STREAM_WARPS) {
+    for (int s = warp % step; s < nst; s += step) {
         const mk_u32 pos = pages.stream_pos + (mk_u32)s;
         const mk_u32 R = ctl.params.stream_pages;
         const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
         const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
-        bool ok = true;
-#pragma unroll 1
-        for (int c = 0; c < MTS; ++c) {
-            const int kb = kc * c;            /* the chunk's first k-row in the stage */
-            __syncwarp();                     /* every lane's reads of the buffer are done */
-            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
-                              MK_STREAM_BOX_ROWS * s + kb, a_vec);
-            mk_cp_async_commit();
-            if (c == 0)                       /* the page, while A is on its way */
-                ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));
-            mk_cp_async_wait_all();
-            __syncwarp();                     /* every lane's A copies visible to the warp */
-            if (!ok)
-                continue;                     /* uniform: past the deadline, no MMAs */
+        __syncwarp();                         /* every lane's reads of the buffer are done */
+        mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                          MK_STREAM_BOX_ROWS * s + kb, a_vec);
+        mk_cp_async_commit();
+        /* the page, while A is on its way */
+        const bool ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));
+        mk_cp_async_wait_all();
+        __syncwarp();                         /* every lane's A copies visible to the warp */
+        if (ok) {                             /* uniform: past the deadline, no MMAs */
 #pragma unroll
             for (int ks = 0; ks < kc / 16; ++ks) {
                 mk_u32 a_at[MTS];
@@ -373,8 +386,8 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
             }
         }
         __syncwarp();
-        if (lane == 0)
-            mk_mbar_arrive(&ctl.ring_empty[slot]);
+        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */
+            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / MTS));
     }
 }
 
