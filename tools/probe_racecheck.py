@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import megak  # noqa: E402
-from megak.dtypes import numpy_dtype  # noqa: E402
 from megak.runtime import compiler  # noqa: E402
 import sanitize_graph as sg  # noqa: E402
 
@@ -122,22 +121,17 @@ def main(argv=None) -> int:
     compiler.device_source = lambda: patched(original(), args.variant)
     if args.time:
         return time_workloads(args.variant, args.time, args.compile_only)
-    bf16 = numpy_dtype("bfloat16")
     rng = np.random.default_rng(7)
     g = sg.ring_graph()
     prog = megak.compile(g, backend="cuda", n_sm=1, timeout_s=120.0, debug=True)
     ok = True
     try:
         for run in range(args.runs):
-            w = {"xr": rng.uniform(-1, 1, sg.RING_X).astype(np.float32).astype(bf16),
-                 "wr1": (rng.uniform(-1, 1, (sg.RING_X[1], sg.RING_N)) * 0.05)
-                 .astype(np.float32).astype(bf16),
-                 "wr2": (rng.uniform(-1, 1, (sg.RING_N, sg.RING_N2)) * 0.2)
-                 .astype(np.float32).astype(bf16)}
-            good, msg = sg.check_reference(g, w, prog.run(**w)["zr"], "zr",
-                                           f"run {run}, variant {args.variant}")
-            print(("ok   " if good else "FAIL ") + msg, flush=True)
-            ok = ok and good
+            w = sg.ring_inputs(rng, (0.05, 0.2))
+            for good, msg in sg.check_ring(g, w, prog.run(**w),
+                                           f"run {run}, variant {args.variant}"):
+                print(("ok   " if good else "FAIL ") + msg, flush=True)
+                ok = ok and good
     finally:
         prog.close()
     print(f"probe_racecheck: {args.variant}: {'PASS' if ok else 'FAIL'}")

@@ -18,9 +18,10 @@ MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/page
 third, one GEMM tile + bias + gelu split over K on 8 SMs (split_graph), runs there too: wgmma
 tiles writing fp32 partials, then the reduces that sum them and run the epilogue. A fourth,
 ring_graph, on 1 SM: the weight ring, two streamed GEMMs in a chain whose first is one
-instruction of 12 stages (the compute warps take them in turn, warps 0-3 two each, and the
-10-page ring wraps within the instruction), as launches and as resident requests (the ring's
-barriers set up again per request).
+instruction of 12 stages (the compute warps take them in turn, and the 10-page ring wraps
+within the instruction), then two more of the first's weights, so that stages are read by
+2 and 1 warps in every order (row bands of 32 and 8 rows, then 20 and 8), as launches and
+as resident requests (the ring's barriers set up again per request).
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -119,15 +120,36 @@ SPLIT_X, SPLIT_N = (100, 1100), 120    # split_graph: one tile, K 1100 in parts 
 RING_X, RING_N, RING_N2 = (40, 1500), 40, 72   # ring_graph: 12 boxes of 128 k-rows, then 1;
 #                                                 40 rows: a row band of two m16 tiles (two
 #                                                 warps read each stage) and one of one
+RING_MORE = {"xs": ("zs", 20), "xt": ("zt", 8)}   # and of wr1 again: 2 readers, then 1
 
 
 def ring_graph() -> megak.Graph:
-    """zr = relu(xr @ wr1) @ wr2, both streamed through the weight ring on one SM."""
+    """zr = relu(xr @ wr1) @ wr2, zs = xs @ wr1, zt = xt @ wr1, all streamed through the
+    weight ring on one SM."""
     g = megak.Graph()
-    h = g.gemm(g.input("xr", RING_X, "bfloat16"),
-               g.input("wr1", (RING_X[1], RING_N), "bfloat16"), activation="relu")
+    w1 = g.input("wr1", (RING_X[1], RING_N), "bfloat16")
+    h = g.gemm(g.input("xr", RING_X, "bfloat16"), w1, activation="relu")
     g.output(g.gemm(h, g.input("wr2", (RING_N, RING_N2), "bfloat16")), "zr")
+    for x, (z, rows) in RING_MORE.items():
+        g.output(g.gemm(g.input(x, (rows, RING_X[1]), "bfloat16"), w1), z)
     return g
+
+
+def ring_inputs(rng, w_scale: tuple[float, float] | None = None) -> dict:
+    """ring_graph's inputs, bf16 values: uniform in [-1, 1), the weights scaled by w_scale
+    (default 1 / sqrt(K) and 1)."""
+    s1, s2 = w_scale or (1 / np.sqrt(RING_X[1]), 1.0)
+    w = {"xr": rng.uniform(-1, 1, RING_X),
+         "wr1": rng.uniform(-1, 1, (RING_X[1], RING_N)) * s1,
+         "wr2": rng.uniform(-1, 1, (RING_N, RING_N2)) * s2}
+    w.update({x: rng.uniform(-1, 1, (rows, RING_X[1])) for x, (_, rows) in RING_MORE.items()})
+    return {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
+
+
+def check_ring(g, w: dict, out: dict, what: str) -> list[tuple[bool, str]]:
+    """ring_graph's outputs against float64."""
+    return [check_reference(g, w, out[z], z, f"{z} ({what})")
+            for z in ("zr",) + tuple(z for z, _ in RING_MORE.values())]
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -279,14 +301,10 @@ def main(argv=None) -> int:
                 if variant != "wgmma_only" or "reduce" not in prog3.stats[
                         "instructions_per_opcode"]:
                     results.append((False, f"the split GEMM ran on the {variant} kernel"))
-            w = {"xr": rng.uniform(-1, 1, RING_X),
-                 "wr1": rng.uniform(-1, 1, (RING_X[1], RING_N)) / np.sqrt(RING_X[1]),
-                 "wr2": rng.uniform(-1, 1, (RING_N, RING_N2))}
-            w = {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
+            w = ring_inputs(rng)
             out4 = prog4.run(**w) if resident is None else resident.submit(prog4, **w).wait()
-            results.append(check_reference(g4, w, out4["zr"], "zr",
-                                           f"zr = relu(xr @ wr1) @ wr2 (weight ring of "
-                                           f"{prog4.plan.stream_pages} pages)"))
+            results += check_ring(g4, w, out4, f"weight ring of {prog4.plan.stream_pages} "
+                                               "pages")
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",

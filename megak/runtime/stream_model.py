@@ -157,7 +157,8 @@ RULES = {
 
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
-           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owners", "streamed"]
+           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owners", "readers_of",
+           "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -262,6 +263,12 @@ class Record:
     b: int = 0
     stages: int = 1
     readers: int = 1
+
+
+def readers_of(rows: int) -> int:
+    """How many warps read each stage of a streamed instruction of `rows` rows: one per m16
+    tile (ops/gemm_stream.cuh's mk_gemm_stream_run; an instruction has at most READERS)."""
+    return min(READERS, max(1, -(-rows // 16)))
 
 
 def owners(record: Record, k: int) -> tuple[int, ...]:

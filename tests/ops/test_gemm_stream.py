@@ -97,7 +97,7 @@ def assert_streamed(plan, m, k, n):
 
 @pytest.mark.parametrize("n", [37, 200])
 @pytest.mark.parametrize("k", [1, 17, 1000, 1024, 4096])
-@pytest.mark.parametrize("m", [1, 5, 16, 33, 64])
+@pytest.mark.parametrize("m", [1, 5, 16, 20, 33, 40, 64])   # bands of 1 and 2 m16 tiles
 def test_stream_matches_float64(backend, rng, m, k, n):
     g = stream_graph(m, k, n)
     prog = compile_for(g, backend)
@@ -393,14 +393,15 @@ def test_a_slot_layout_is_conflict_free():
 # ---- GPU only -----------------------------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_stream_unaligned_weights_load_themselves(rng):
+@pytest.mark.parametrize("m", [16, 24, 40, 64])   # bands of 1 and 2 m16 tiles
+def test_stream_unaligned_weights_load_themselves(rng, m):
     # a caller's B view whose rows are not 16-B aligned gets no tensor map: the GEMM copies
     # B into its own page instead of the ring, same results
     torch = pytest.importorskip("torch")
     from megak.runtime.driver import gpu_usable
     if not gpu_usable():
         pytest.skip("needs a GPU")
-    m, k, n = 16, 1000, 200
+    k, n = 1000, 200
     g = stream_graph(m, k, n, bias=True)
     prog = megak.compile(g, backend="cuda")
     inputs = random_inputs(g, rng)
@@ -455,7 +456,8 @@ def test_stream_ring_sizes_stress(n_pages):
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(20 + n_pages)
     for case, (m, widths) in enumerate([(16, [4096, 128, 1000, 64, 2048]),
-                                        (1, [1024, 1024, 1024]), (40, [2048, 256, 3000])]):
+                                        (1, [1024, 1024, 1024]), (40, [2048, 256, 3000]),
+                                        (20, [1024, 640, 2048])]):
         g = megak.Graph()
         x = g.input("x", (m, widths[0]), "bfloat16")
         for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):

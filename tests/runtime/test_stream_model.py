@@ -103,6 +103,7 @@ def test_a_stage_of_two_readers_is_read_by_both_before_its_slot_is_reused():
     k % 4 and k % 4 + 4), and the streamer waits for both before the slot's next copy."""
     assert sm.owners(Record(True, 0, 8, readers=2), 5) == (1, 5)
     assert sm.owners(Record(True, 0, 8), 5) == (5,)
+    assert [sm.readers_of(r) for r in (1, 16, 17, 32)] == [1, 1, 2, 2]
     queue = (Record(True, 0, 6, readers=2), Record(True, 1, 3))
     model = RingModel([Invocation(queue, ring=2)])
     outcome = model.run(Priority("block", "streamer", "copy*", "warp0", "warp1"))
