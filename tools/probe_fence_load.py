@@ -46,6 +46,9 @@ than half an SM, keeps it at one block per SM whatever the ring's size), 64 thre
                    fence, no counter; the partner's lanes poll their 4 words with
                    ld.relaxed.gpu.b64 until all 128 carry the stamp (warp vote), check the
                    values and reply the same way.
+    acquire        the consumer's side with nothing to wait for: lane 0 times a relaxed load
+                   of a counter + fence.acquire.gpu (megak's loader), then one
+                   ld.acquire.gpu of it (second figure).
 
 Timing: clock64 around the timed instructions (the clock read after a dependent result comes
 after the instruction that consumes it: in-order issue), converted to ns with the SM's own
@@ -65,6 +68,19 @@ SASS (NVRTC 13.x, sm_90a; nvdisasm of the cubin): fence.release.gpu = MEMBAR.ALL
 + CGAERRBAR; fence.acq_rel.gpu the same + CCTL.IVALL; fence.sc.gpu = MEMBAR.SC.GPU + ERRBAR +
 CGAERRBAR + CCTL.IVALL; fence.acquire.gpu = CCTL.IVALL. In this kernel ptxas also puts the
 __syncwarp's MEMBAR.ALL.CTA right before the fence, inside the timed window.
+
+First run (H200, 2026-12-02, 132 SMs; ns, medians; hop = round trip / 2):
+
+    R (pages in flight per SM)        0      2      4      6     10
+    fence.release.gpu               246    377    905   1970   3851
+    fence.sc.gpu / acq_rel.gpu      289    952   2347      -   7400
+    ld.relaxed + fence.acquire      158    166    190    387    490
+    hop, 1 KiB + fence + counter    969   1770   3420   5335   9223
+    hop, 1 KiB stamped words        386    503    666    695    674
+
+The release fence waits for the SM's bulk copies in flight (issued by another warp); the
+acquire side and a relaxed atomic stay at L2 round-trip cost; stamped words skip the wait
+(benchmarks/ANALYSIS.md).
 
     python tools/probe_fence_load.py [--sms N] [--ring 0,2,4,10] [--mech fence,...]
                                      [--iters 200] [--reps 3] [--pair xor|half] [--out F.json]
