@@ -49,6 +49,11 @@ than half an SM, keeps it at one block per SM whatever the ring's size), 64 thre
     acquire        the consumer's side with nothing to wait for: lane 0 times a relaxed load
                    of a counter + fence.acquire.gpu (megak's loader), then one
                    ld.acquire.gpu of it (second figure).
+    chunk8         a compute warp's 4 KiB A chunk (2048 bf16) read from L2 as stamped words:
+    chunk16        1024 {bf16 x2, stamp} (8 KiB) / 2048 {f32, stamp} (16 KiB) by
+                   ld.relaxed.gpu.b64, 8 in flight per lane, every stamp checked; second
+                   figure: the same 4 KiB as today, by cp.async.cg + wait (chunk8) or
+                   ld.global.cg.v4 (chunk16). What stamped activations would cost the k loop.
 
 Timing: clock64 around the timed instructions (the clock read after a dependent result comes
 after the instruction that consumes it: in-order issue), converted to ns with the SM's own
@@ -78,9 +83,14 @@ First run (H200, 2026-12-02, 132 SMs; ns, medians; hop = round trip / 2):
     hop, 1 KiB + fence + counter    969   1770   3420   5335   9223
     hop, 1 KiB stamped words        386    503    666    695    674
 
+    R                                 0      4     10
+    A chunk, 4 KiB cp.async + wait  183    559   1107
+    A chunk, 8 KiB stamped words    756   2176   4128
+    A chunk, 16 KiB stamped words  1863   4568   9695
+
 The release fence waits for the SM's bulk copies in flight (issued by another warp); the
-acquire side and a relaxed atomic stay at L2 round-trip cost; stamped words skip the wait
-(benchmarks/ANALYSIS.md).
+acquire side and a relaxed atomic stay at L2 round-trip cost; stamped words skip the wait,
+but reading an A chunk as stamped words costs ~4x its cp.async (benchmarks/ANALYSIS.md).
 
     python tools/probe_fence_load.py [--sms N] [--ring 0,2,4,10] [--mech fence,...]
                                      [--iters 200] [--reps 3] [--pair xor|half] [--out F.json]
@@ -103,6 +113,7 @@ MAX_RING = 10
 SMEM = 1024 + MAX_RING * PAGE   # dynamic smem, whatever R: > half an SM = one block per SM
 THREADS = 64                    # warp 0 streamer, warp 1 measured
 INBOX = 1024                    # bytes of data per block (one message)
+CHUNK = 16384                   # bytes of stamped words per block (the chunk mechanisms)
 CTR_WORDS = 32                  # u32 counters per block: one 128-B line each
 DUR_WORDS = 4                   # per iteration: cycles, ns (main figure); cycles, ns (second)
 STAT_WORDS = 8                  # per block: see the kernel
@@ -117,6 +128,10 @@ MECHS = {
     "pingpong_counter": (4, "hop: 1 KiB + fence + counter", None, True),
     "pingpong_flag": (5, "hop: 1 KiB stamped words", None, True),
     "acquire": (6, "ld.relaxed + fence.acquire.gpu", "ld.acquire.gpu", False),
+    "chunk8": (7, "A chunk: 8 KiB stamped {bf16 x2, stamp}", "A chunk: 4 KiB cp.async + wait",
+               False),
+    "chunk16": (8, "A chunk: 16 KiB stamped {f32, stamp}", "A chunk: 4 KiB ld.global.cg v4",
+                False),
 }
 ERRORS = {1: "bad arguments (ring {}, mech {})",
           2: "ring of {} bytes does not fit the {} bytes of dynamic shared memory",
@@ -135,13 +150,14 @@ typedef unsigned long long u64;
 #define PAGE 16384u
 #define MAX_RING 10u
 #define INBOX 1024u
+#define CHUNK 16384u
 #define CTR_WORDS 32u
 #define DUR_WORDS 4u
 #define STAT_WORDS 8u
 #define FULL 0xffffffffu
 
 enum { M_FENCE = 0, M_FENCE_SC = 1, M_FENCE_ACQREL = 2, M_RED_RELEASE = 3, M_PP_COUNTER = 4,
-       M_PP_FLAG = 5, M_ACQUIRE = 6 };
+       M_PP_FLAG = 5, M_ACQUIRE = 6, M_CHUNK8 = 7, M_CHUNK16 = 8 };
 enum { E_ARGS = 1, E_SMEM = 2, E_STREAM = 3, E_LOAD_UP = 4, E_CTR_POLL = 5, E_FLAG_POLL = 6,
        E_DATA = 7, E_RED = 8, E_ATOM = 9, E_CTR_AHEAD = 10 };
 
@@ -400,6 +416,81 @@ __device__ void run_acquire(const meas& m, u32* ctr)
     }
 }
 
+/* chunk8 / chunk16: what a compute warp's 4 KiB A chunk (2048 bf16, the streamed GEMM's
+ * slice of a stage) costs to read from L2 as stamped words instead of by cp.async after a
+ * counter wait. Main figure: every lane loads its WPL words with ld.relaxed.gpu.b64 (8 in
+ * flight at a time, coalesced: word 32 j + lane) and checks every stamp (a warp vote before
+ * the clock); chunk8: {bf16 x2, stamp} words (1024: 8 KiB), chunk16: {f32, stamp} (2048:
+ * 16 KiB). Second figure: the same 4 KiB of bytes as today's A chunk, chunk8 by cp.async.cg
+ * (8 x 16 B per lane, commit, wait_all), chunk16 by ld.global.cg.v4 into registers. The
+ * words are the partner block's (written by the host: every u32 = 1, so the stamp is 1):
+ * L2 hits, as an A chunk just written by other SMs. */
+__device__ __forceinline__ u64 ld_relaxed_u64(const u64* p)
+{ u64 v; asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v; }
+
+template <int WPL, bool CP_ASYNC>
+__device__ void run_chunk(const meas& m, const u64* words, u32 sdst)
+{
+    const u32 lane = m.lane;
+    const unsigned char* bytes = (const unsigned char*)words;
+    bool ok = true;
+    u32 sink = 0u;
+    for (u32 it = 0; it < m.warm + m.iters && ok; ++it) {
+        m.gap();
+        __syncwarp();
+        const u64 g1 = gtimer();
+        const u64 c1 = clk();
+        u32 bad = 0u;
+#pragma unroll 1
+        for (int j = 0; j < WPL; j += 8) {
+            u64 w[8];
+#pragma unroll
+            for (int q = 0; q < 8; ++q)
+                w[q] = ld_relaxed_u64(words + (u64)(j + q) * 32u + lane);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                bad |= (u32)(w[q] >> 32) ^ 1u;
+                sink += (u32)w[q];
+            }
+        }
+        ok = __all_sync(FULL, bad == 0u);
+        const u64 c2 = clk();
+        const u64 g2 = gtimer();
+        __syncwarp();
+        const u64 g3 = gtimer();
+        const u64 c3 = clk();
+        if (CP_ASYNC) {
+#pragma unroll
+            for (u32 q = 0; q < 8u; ++q)
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                             :: "r"(sdst + (q * 32u + lane) * 16u),
+                                "l"(bytes + (q * 32u + lane) * 16u) : "memory");
+            asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+            __syncwarp();
+        } else {
+            uint4 v[8];
+#pragma unroll
+            for (u32 q = 0; q < 8u; ++q)
+                asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(v[q].x), "=r"(v[q].y), "=r"(v[q].z), "=r"(v[q].w)
+                             : "l"(bytes + (q * 32u + lane) * 16u) : "memory");
+#pragma unroll
+            for (u32 q = 0; q < 8u; ++q)
+                sink += v[q].x ^ v[q].w;
+            ok = __all_sync(FULL, sink != 0xdeadbeefu) && ok;
+        }
+        const u64 c4 = clk();
+        const u64 g4 = gtimer();
+        if (lane == 0u)
+            m.rec(it, c2 - c1, g2 - g1, c4 - c3, g4 - g3);
+        if (!ok && lane == 0u)
+            fail(m.e, E_DATA, it, bad);
+    }
+    if (sink == 0xfeedfaceu && lane == 0u)   /* keeps the loads */
+        m.e[3] = sink;
+}
+
 /* Ping-pong, counter form. send: the data (weak stores), __syncwarp, lane 0 fence.release.gpu
  * + red.relaxed.gpu on the partner's counter (a release pattern, what megak's signal does).
  * recv: lane 0 polls its counter (relaxed) until it counts this message, fence.acquire.gpu
@@ -566,7 +657,7 @@ __device__ void run_pingpong(const meas& m, unsigned char* inbox, u32* ctr, u32 
 extern "C" __global__ void __launch_bounds__(64, 1)
 fence_load(const unsigned char* src, u64 share, u32 ring, u32 mech, u32 warm, u32 iters,
            u32 pair_mode, u64 gap_ns, u64 timeout_ns, unsigned char* inbox, u32* ctr, u64* dur,
-           u64* stat, u32* err)
+           u64* stat, u32* err, const u64* chunks)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ block_ctl ctl;
@@ -578,7 +669,7 @@ fence_load(const unsigned char* src, u64 share, u32 ring, u32 mech, u32 warm, u3
     }
     __syncthreads();
     const u32 warp = threadIdx.x / 32u, lane = threadIdx.x & 31u;
-    if (ring > MAX_RING || mech > M_ACQUIRE || iters == 0u || blockDim.x != 64u ||
+    if (ring > MAX_RING || mech > M_CHUNK16 || iters == 0u || blockDim.x != 64u ||
         (ring > 0u && share < PAGE)) {
         if (threadIdx.x == 0u)
             fail(e, E_ARGS, ring, mech);
@@ -627,6 +718,17 @@ fence_load(const unsigned char* src, u64 share, u32 ring, u32 mech, u32 warm, u3
     case M_RED_RELEASE: run_red(m, area, ctr + (u64)blockIdx.x * CTR_WORDS); break;
     case M_PP_COUNTER: if (partner < gridDim.x) run_pingpong<false>(m, inbox, ctr, partner); break;
     case M_ACQUIRE: run_acquire(m, ctr + (u64)blockIdx.x * CTR_WORDS + 4u); break;   /* never written */
+    case M_CHUNK8:
+    case M_CHUNK16: {
+        __shared__ __align__(128) unsigned char chunk_buf[4096];
+        const u64* words = chunks + (u64)(partner < gridDim.x ? partner : blockIdx.x) * (CHUNK / 8u);
+        const u32 sdst = (u32)__cvta_generic_to_shared(chunk_buf);
+        if (mech == M_CHUNK8)
+            run_chunk<32, true>(m, words, sdst);
+        else
+            run_chunk<64, false>(m, words, sdst);
+        break;
+    }
     default: if (partner < gridDim.x) run_pingpong<true>(m, inbox, ctr, partner); break;
     }
     __syncwarp();
@@ -723,6 +825,8 @@ def run(args):
         iters, warm = args.iters, args.warmup
         src = m.device(share * grid, "streamed source")
         inbox = m.device(grid * INBOX, "inboxes")
+        chunks = m.device(grid * CHUNK, "stamped chunks")
+        mem.memset32(chunks.ptr, 1, grid * CHUNK // 4, h)   # every u32 = 1: stamp 1
         ctr = m.device(grid * CTR_WORDS * 4, "counters")
         dur_bytes = grid * iters * DUR_WORDS * 8
         dur = m.device(dur_bytes, "durations")
@@ -767,7 +871,8 @@ def run(args):
                     ctypes.c_uint32(1 if args.pair == "half" else 0),
                     ctypes.c_uint64(args.gap_ns), ctypes.c_uint64(int(args.timeout_ms * 1e6)),
                     ctypes.c_uint64(inbox.ptr), ctypes.c_uint64(ctr.ptr),
-                    ctypes.c_uint64(dur.ptr), ctypes.c_uint64(stat.ptr), ctypes.c_uint64(err.ptr)]
+                    ctypes.c_uint64(dur.ptr), ctypes.c_uint64(stat.ptr), ctypes.c_uint64(err.ptr),
+                    ctypes.c_uint64(chunks.ptr)]
             argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
             check(drv.cuLaunchCooperativeKernel(fn, grid, 1, 1, THREADS, 1, 1, SMEM, h,
                                                 ctypes.addressof(argv)),
