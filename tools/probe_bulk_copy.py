@@ -97,6 +97,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
 from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
+from probe_ptx import MBARRIER  # noqa: E402  (tools/, the script's own folder)
 
 PAGE = 16384
 MAX_SLOTS = 12
@@ -125,18 +126,7 @@ __device__ __forceinline__ u64 gtimer()
 __device__ __forceinline__ u32 dyn_smem()
 { u32 n; asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(n)); return n; }
 
-/* ---- mbarriers (sync.cuh / stream.cuh spellings) ---------------------------------------- */
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count)
-{ asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory"); }
-/* The arrival of this phase plus `bytes` of transactions the bulk load will complete. */
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes)
-{ asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
-               :: "r"(bar), "r"(bytes) : "memory"); }
-/* True once the phase of parity `par` completed (acquire, cta scope). */
-__device__ __forceinline__ bool mbar_try(u32 bar, u32 par)
-{ u32 ok; asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                       "selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
-  return ok != 0u; }
+""" + MBARRIER + r"""
 
 /* ---- bulk copies (async proxy) ------------------------------------------------------------ */
 __device__ __forceinline__ void bulk_load(u32 dst, const unsigned char* src, u32 bytes, u32 bar,

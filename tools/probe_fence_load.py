@@ -106,6 +106,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
 from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
+from probe_ptx import MBARRIER  # noqa: E402  (tools/, the script's own folder)
 
 ENTRY = "fence_load"
 PAGE = 16384
@@ -172,16 +173,8 @@ __device__ __forceinline__ u32 dyn_smem()
 __device__ __forceinline__ u32 smid()
 { u32 n; asm volatile("mov.u32 %0, %%smid;" : "=r"(n)); return n; }
 
-/* ---- mbarriers and bulk copies (the spellings of probe_bulk_copy / stream.cuh) ------------ */
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count)
-{ asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes)
-{ asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
-               :: "r"(bar), "r"(bytes) : "memory"); }
-__device__ __forceinline__ bool mbar_try(u32 bar, u32 par)
-{ u32 ok; asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                       "selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
-  return ok != 0u; }
+""" + MBARRIER + r"""
+/* ---- bulk copies (stream.cuh's spelling, with an L2 cache hint) ---------------------- */
 __device__ __forceinline__ void bulk_load(u32 dst, const unsigned char* src, u32 bytes, u32 bar,
                                           u64 pol)
 {
@@ -425,10 +418,6 @@ __device__ void run_acquire(const meas& m, u32* ctr)
  * (8 x 16 B per lane, commit, wait_all), chunk16 by ld.global.cg.v4 into registers. The
  * words are the partner block's (written by the host: every u32 = 1, so the stamp is 1):
  * L2 hits, as an A chunk just written by other SMs. */
-__device__ __forceinline__ u64 ld_relaxed_u64(const u64* p)
-{ u64 v; asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v; }
-
 template <int WPL, bool CP_ASYNC>
 __device__ void run_chunk(const meas& m, const u64* words, u32 sdst)
 {
@@ -447,7 +436,7 @@ __device__ void run_chunk(const meas& m, const u64* words, u32 sdst)
             u64 w[8];
 #pragma unroll
             for (int q = 0; q < 8; ++q)
-                w[q] = ld_relaxed_u64(words + (u64)(j + q) * 32u + lane);
+                w[q] = ld_flag(words + (u64)(j + q) * 32u + lane);
 #pragma unroll
             for (int q = 0; q < 8; ++q) {
                 bad |= (u32)(w[q] >> 32) ^ 1u;
