@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
-#   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath]
+#   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -16,6 +16,8 @@
 #             parts) and tools/probe_weight_stream.py --shapes                 -> probes.log
 #   callpath  tools/probe_run_steps.py: a repeated run() call's time, step by step
 #             (the W7 workloads)                                               -> callpath.log
+#   fence     tools/probe_fence_load.py: a gpu-scope publish (fences, a counter hop, stamped
+#             words, A chunks) with 0-10 bulk copies in flight per SM  -> fence.log, fence.json
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. NVRTC builds are cached under $XDG_CACHE_HOME (default
@@ -97,9 +99,15 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             tail -n 3 "$OUT/callpath.log"
             ;;
+        fence)
+            timeout 200 python3 tools/probe_fence_load.py --out "$OUT/fence.json" \
+                > "$OUT/fence.log" 2>&1
+            rc=$?
+            tail -n 3 "$OUT/fence.log"
+            ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath)"
+                 "callpath, fence)"
             rc=2
             ;;
     esac
