@@ -78,6 +78,7 @@ FLAG_B_READY = FLAGS["MK_FLAG_B_READY"]
 FLAG_CAUSAL = FLAGS["MK_FLAG_CAUSAL"]
 FLAG_STREAM = FLAGS["MK_FLAG_STREAM"]
 FLAG_WGMMA = FLAGS["MK_FLAG_WGMMA"]
+FLAG_STREAM_NARROW = FLAGS["MK_FLAG_STREAM_NARROW"]
 # sm_state.counter of a poll of a flagged word past its deadline: this bit | the tensor slot
 FLAG_WAIT = _enum("mk_flag_wait")["MK_FLAG_WAIT"]
 DTYPE_F32_FLAG = DTYPES["MK_DTYPE_F32_FLAG"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Probe: compute-sanitizer's racecheck on the weight ring alone, and what it follows.
 
-tools/sanitize_graph.py's ring_graph (two streamed GEMMs through the weight ring on one SM),
+tools/sanitize_graph.py's ring_graph (streamed GEMMs through the weight ring on 2 SMs),
 run as launches and checked against float64, under the device source as built or
 text-patched (VARIANTS), so that a racecheck run shows which hazards a change of the
 synchronisation clears before the change is made. The variants put back what the source had
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         return time_workloads(args.variant, args.time, args.compile_only)
     rng = np.random.default_rng(7)
     g = sg.ring_graph()
-    prog = megak.compile(g, backend="cuda", n_sm=1, timeout_s=120.0, debug=True)
+    prog = megak.compile(g, backend="cuda", n_sm=sg.RING_SMS, timeout_s=120.0, debug=True)
     ok = True
     try:
         for run in range(args.runs):

@@ -16,8 +16,9 @@ from megak.runtime.bench import Bench
 
 CUTS = {
     "as built": [],
-    "no A staging": [("""        mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
-                          MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")],
+    "no A staging": [("""        if (live)
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                              STAGE_K * s + kb, a_vec);""", "")],
     "no ring wait": [("__all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity))",
                       "true")],
 }

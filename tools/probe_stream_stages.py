@@ -55,7 +55,7 @@ NMARK = 16   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 
              # 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken (L3),
              # 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
 
-_STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);\n"
+_STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot],\n"
 
 
 def cap(f):
@@ -66,14 +66,15 @@ def cap(f):
              + _STREAMER_ISSUE)]
 
 
-_NO_A = [("""        mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
-                          MK_STREAM_BOX_ROWS * s + kb, a_vec);""", "")]
+_NO_A = [("""        if (live)
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                              STAGE_K * s + kb, a_vec);""", "")]
 
 # A's k slices read in an order rotated by the SM (B's order unchanged): at any moment the SMs
 # of a layer read different A lines from L2, while they still read the same rows of B from
 # DRAM. Against "asbuilt", whether A's cost is the hot spot of every SM reading one line.
-_A_ROTATED = [("MK_STREAM_BOX_ROWS * s + kb, a_vec);",
-               "MK_STREAM_BOX_ROWS * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
+_A_ROTATED = [("STAGE_K * s + kb, a_vec);",
+               "STAGE_K * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
 
 # No dependency wait before a streamed instruction (the loader skips its counter waits): each
 # SM runs its chain of instructions back to back, as if every layer's activation were there.

@@ -17,11 +17,12 @@ two chained wgmma GEMMs with at most a bias on 2 SMs (wgmma_graph), runs on the
 MK_WGMMA_ONLY kernel: one ring of stages across each SM's 7-8 tiles (device/pages.cuh); a
 third, one GEMM tile + bias + gelu split over K on 8 SMs (split_graph), runs there too: wgmma
 tiles writing fp32 partials, then the reduces that sum them and run the epilogue. A fourth,
-ring_graph, on 1 SM: the weight ring, two streamed GEMMs in a chain whose first is one
-instruction of 12 stages (the compute warps take them in turn, and the 10-page ring wraps
-within the instruction), then two more of the first's weights, so that stages are read by
-2 and 1 warps in every order (row bands of 32 and 8 rows, then 20 and 8), as launches and
-as resident requests (the ring's barriers set up again per request).
+ring_graph, on 2 SMs: the weight ring, two streamed GEMMs in a chain whose first is one
+instruction of 12 stages per SM (the compute warps take them in turn, and the 10-page ring
+wraps within the instruction), then one more of the first's weights (20 rows: two readers
+per stage, two parts combined) and one of its own (8 rows in narrow bands: a stage of two
+boxes, the last one past K's end), so that stages are read by 2 and 1 warps in every order,
+as launches and as resident requests (the ring's barriers set up again per request).
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -120,18 +121,21 @@ SPLIT_X, SPLIT_N = (100, 1100), 120    # split_graph: one tile, K 1100 in parts 
 RING_X, RING_N, RING_N2 = (40, 1500), 40, 72   # ring_graph: 12 boxes of 128 k-rows, then 1;
 #                                                 40 rows: a row band of two m16 tiles (two
 #                                                 warps read each stage) and one of one
-RING_MORE = {"xs": ("zs", 20), "xt": ("zt", 8)}   # and of wr1 again: 2 readers, then 1
+RING_MORE = {"xs": ("zs", 20, "wr1"),   # wr1 again: two readers per stage, 2 parts combined
+             "xt": ("zt", 8, "wr3")}    # a weight of its own: 2 narrow bands, one per SM
+RING_SMS = 2
 
 
 def ring_graph() -> megak.Graph:
-    """zr = relu(xr @ wr1) @ wr2, zs = xs @ wr1, zt = xt @ wr1, all streamed through the
-    weight ring on one SM."""
+    """zr = relu(xr @ wr1) @ wr2, zs = xs @ wr1, zt = xt @ wr3, all streamed through the
+    weight ring (on RING_SMS SMs)."""
     g = megak.Graph()
-    w1 = g.input("wr1", (RING_X[1], RING_N), "bfloat16")
-    h = g.gemm(g.input("xr", RING_X, "bfloat16"), w1, activation="relu")
+    w = {"wr1": g.input("wr1", (RING_X[1], RING_N), "bfloat16"),
+         "wr3": g.input("wr3", (RING_X[1], RING_N), "bfloat16")}
+    h = g.gemm(g.input("xr", RING_X, "bfloat16"), w["wr1"], activation="relu")
     g.output(g.gemm(h, g.input("wr2", (RING_N, RING_N2), "bfloat16")), "zr")
-    for x, (z, rows) in RING_MORE.items():
-        g.output(g.gemm(g.input(x, (rows, RING_X[1]), "bfloat16"), w1), z)
+    for x, (z, rows, b) in RING_MORE.items():
+        g.output(g.gemm(g.input(x, (rows, RING_X[1]), "bfloat16"), w[b]), z)
     return g
 
 
@@ -141,15 +145,16 @@ def ring_inputs(rng, w_scale: tuple[float, float] | None = None) -> dict:
     s1, s2 = w_scale or (1 / np.sqrt(RING_X[1]), 1.0)
     w = {"xr": rng.uniform(-1, 1, RING_X),
          "wr1": rng.uniform(-1, 1, (RING_X[1], RING_N)) * s1,
+         "wr3": rng.uniform(-1, 1, (RING_X[1], RING_N)) * s1,
          "wr2": rng.uniform(-1, 1, (RING_N, RING_N2)) * s2}
-    w.update({x: rng.uniform(-1, 1, (rows, RING_X[1])) for x, (_, rows) in RING_MORE.items()})
+    w.update({x: rng.uniform(-1, 1, (rows, RING_X[1])) for x, (_, rows, _) in RING_MORE.items()})
     return {k: v.astype(np.float32).astype(BF16) for k, v in w.items()}
 
 
 def check_ring(g, w: dict, out: dict, what: str) -> list[tuple[bool, str]]:
     """ring_graph's outputs against float64."""
     return [check_reference(g, w, out[z], z, f"{z} ({what})")
-            for z in ("zr",) + tuple(z for z, _ in RING_MORE.values())]
+            for z in ("zr",) + tuple(z for z, _, _ in RING_MORE.values())]
 
 
 def check_reference(g, inputs: dict, got, name: str, what: str) -> tuple[bool, str]:
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
         g3 = split_graph()
         prog3 = megak.compile(g3, backend="cuda", n_sm=8, timeout_s=args.timeout, debug=True)
         g4 = ring_graph()
-        prog4 = megak.compile(g4, backend="cuda", n_sm=1, timeout_s=args.timeout, debug=True)
+        prog4 = megak.compile(g4, backend="cuda", n_sm=RING_SMS, timeout_s=args.timeout,
+                              debug=True)
         streamed = prog4.plan.instrs["flags"] & abi.FLAG_STREAM
         if prog4.plan.stream_pages == 0 or not streamed.all():
             raise RuntimeError(f"ring_graph streams no weights (ring of "

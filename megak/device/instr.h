@@ -86,9 +86,14 @@ enum mk_op_shapes {
     MK_STREAM_MIN_RING = 2,    /* a program streams weights only with at least this many ring
                                   pages left over by its other instructions */
     MK_STREAM_MAX_RING = 12,   /* ring pages a block can track (mbarrier pairs in mk_control) */
+    MK_STREAM_NARROW_COLS = 32, /* columns of a narrow band (MK_FLAG_STREAM_NARROW): a box row
+                                  is 64 B, the 64-B swizzle span; two boxes make a page */
+    MK_STREAM_NARROW_READY = 65536 + 128, /* the ready word of a narrow map: 2^16 + its box
+                                  rows (MK_STREAM_BOX_ROWS) */
     MK_STREAM_READERS = 2,     /* arrivals that free a ring page: a stage is read by one warp
                                   per m16 tile of its instruction (each its share of the box's
-                                  k-rows); the one reader of a one-tile stage arrives twice */
+                                  k-rows), or per box of a narrow band's stage; the one reader
+                                  of a one-tile stage arrives twice */
     MK_TMAP_BYTES = 128,       /* one CUtensorMap in the binding's table (128-B aligned) */
     /* the Hopper bf16 GEMM (ops/gemm_wgmma.cuh, MK_FLAG_WGMMA): a 128 x 256 tile, k-blocks of
      * 64 through a ring of stages of 3 pages (A's box of 128 rows x 64 k, B's 4 boxes of 64 k
@@ -164,9 +169,14 @@ enum mk_flags {
                                      tensor[MK_ARG_SPARE] is the fp32 partials tensor (part p's
                                      rows at p * MK_STREAM_M + row0) and out_row0 the band's
                                      combine counter (the output rows start at row0) */
-    MK_FLAG_WGMMA = 2048          /* GEMM, bf16: one MK_WGMMA_TILE_M x MK_WGMMA_TILE_N tile on
+    MK_FLAG_WGMMA = 2048,         /* GEMM, bf16: one MK_WGMMA_TILE_M x MK_WGMMA_TILE_N tile on
                                      wgmma, A and B through TMA (ops/gemm_wgmma.cuh); cols <=
                                      MK_WGMMA_TILE_N, MK_WGMMA_PAGES pages */
+    MK_FLAG_STREAM_NARROW = 4096  /* with MK_FLAG_STREAM: a band of at most
+                                     MK_STREAM_NARROW_COLS columns and one m16 tile, whose ring
+                                     stage is two boxes of 32 columns x 128 k-rows (64-B
+                                     swizzle) stacked in k, from a map whose ready word is
+                                     MK_STREAM_NARROW_READY (else the GEMM loads B itself) */
 };
 
 enum mk_activation {

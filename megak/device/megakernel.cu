@@ -442,16 +442,28 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                 continue;
             const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
             const int c0 = in.col0, r0 = in.k0;
+            /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
+             * halves, both completing their bytes on the slot's full barrier; the second only
+             * where it starts inside the record's k range (its reader skips it otherwise,
+             * gemm_stream.cuh: no copy is asked to start past the tensor) */
+            const bool narrow = mk_stream_narrow(in);
+            const mk_u32 stage_rows = mk_stream_stage_rows(in);
             for (mk_u32 s = 0; s < stages; ++s, ++pos) {
                 const mk_u32 slot = pos % R;
                 if (pos >= R && !mk_ring_wait_empty(ctl, slot, ((pos / R) - 1u) & 1u, patience)) {
                     go = false;
                     break;
                 }
+                const mk_u32 dst = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
+                const int k = r0 + (int)(s * stage_rows);
+                const bool second = narrow && mk_stream_second_box(in, s);
                 mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
-                mk_mbar_expect_tx(&ctl.ring_full[slot], MK_PAGE_BYTES);
-                mk_tma_load_2d(ring0 + slot * (mk_u32)MK_PAGE_BYTES, tmap, c0,
-                               r0 + (int)(s * MK_STREAM_BOX_ROWS), &ctl.ring_full[slot], policy);
+                mk_mbar_expect_tx(&ctl.ring_full[slot],
+                                  narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES);
+                mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);
+                if (second)
+                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,
+                                   &ctl.ring_full[slot], policy);
             }
         }
         /* drain: the last stage issued into each slot has landed (a copy always completes) */

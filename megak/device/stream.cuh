@@ -5,19 +5,24 @@
  *   pages    the last p.stream_pages (R) pages of the block: ring slot i = page n_pages - R + i;
  *            the allocator never hands them out (it owns pages 0 .. n_pages - R - 1)
  *   stages   the streamed instructions of the block's queue, in queue order, each
- *            ceil(klen / MK_STREAM_BOX_ROWS) boxes of B (64 columns x 128 k-rows = one page);
- *            stage position pos counts them from 0 in each invocation; stage pos lives in
- *            slot pos % R
+ *            ceil(klen / MK_STREAM_BOX_ROWS) boxes of B (64 columns x 128 k-rows = one page),
+ *            or for a narrow band (MK_FLAG_STREAM_NARROW) ceil(klen / 256) pages of two boxes
+ *            of 32 columns x 128 k-rows stacked in k; stage position pos counts them from 0
+ *            in each invocation; stage pos lives in slot pos % R
  *   streamer warp 10, lane 0 (mk_streamer in megakernel.cu): for each stage, waits until the
- *            slot's previous stage was read (ring_empty), arms ring_full with the page's bytes
- *            (expect_tx) and issues the copy (evict-first in L2: weights are read once)
+ *            slot's previous stage was read (ring_empty), arms ring_full with the stage's
+ *            bytes (expect_tx: the page, or its first half where a narrow stage's second box
+ *            would start past the k range) and issues the copies (evict-first in L2: weights
+ *            are read once)
  *   loader   gives each instruction its first position and stage count (slot.stream_pos,
  *            slot.stream_stages) from the same predicate, on the same record bytes
  *   compute  the op's warps take the instruction's stages in turn, r warps to a stage for
  *            an instruction of r m16 tiles (r = 1: warp w reads stages w, w + 8, ...;
  *            r = 2: warps w and w + 4 read stages w, w + 4, ..., each half of the box's
- *            k-rows): each reader waits on ring_full of its stage, reads it, and arrives on
- *            ring_empty once it is done with the page
+ *            k-rows; a narrow band's: warps w and w + 4, one box each): each reader waits on
+ *            ring_full of its stage, reads it, and arrives on ring_empty once it is done with
+ *            the page (a narrow stage's second reader reads nothing where its box was not
+ *            copied, and still waits and arrives)
  *
  * The streamer only waits for pages to come back, never for dependencies: while the compute
  * warps wait for a layer's activation, the next layers' weights keep arriving, as far ahead as
@@ -71,6 +76,10 @@
 static_assert(MK_STREAM_BOX_COLS * MK_STREAM_BOX_ROWS * 2 == MK_PAGE_BYTES,
               "one bf16 box of the weight stream fills one page");
 static_assert(MK_STREAM_BOX_COLS * 2 == 128, "a box row is the 128-B swizzle span");
+static_assert(MK_STREAM_NARROW_COLS * 2 == 64 && 2 * MK_STREAM_NARROW_COLS == MK_STREAM_BOX_COLS,
+              "a narrow box row is the 64-B swizzle span; two narrow boxes fill a page");
+static_assert(MK_STREAM_NARROW_READY == 65536 + MK_STREAM_BOX_ROWS,
+              "a narrow map's ready word names its box rows");
 
 /* Byte offset of the tensor maps after a table of n tensors (instr.h, mk_tensor). */
 __device__ __forceinline__ mk_u64 mk_tmap_offset(mk_u32 n)

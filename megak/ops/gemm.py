@@ -40,6 +40,7 @@ STREAM_M = SHAPES["MK_STREAM_M"]
 STREAM_TILE_M = SHAPES["MK_STREAM_TILE_M"]
 BOX_COLS = SHAPES["MK_STREAM_BOX_COLS"]
 BOX_ROWS = SHAPES["MK_STREAM_BOX_ROWS"]
+NARROW_COLS = SHAPES["MK_STREAM_NARROW_COLS"]
 STREAM_PAGES = SHAPES["MK_STREAM_PAGES"]
 # the weight ring of a program of streamed GEMMs on a Hopper SM's pages (scheduler.stream_pages)
 RING_BOXES = ring_pages(DEFAULT_PAGES, STREAM_PAGES)
@@ -111,6 +112,18 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
     parts = max(1, min(-(-boxes // RING_BOXES), n_sm // (bands * row_bands)))
     per = -(-boxes // parts)
     return -(-boxes // per), per * BOX_ROWS
+
+
+def stream_narrow(m: int, n: int, parts: int, n_sm: int) -> bool:
+    """Whether a streamed GEMM that `stream_split` cuts into `parts` k ranges per band takes
+    narrow bands instead (MK_FLAG_STREAM_NARROW: NARROW_COLS columns over the whole K, no
+    combine): at most one m16 tile of rows, a split that would combine, and narrow bands that
+    keep at least as many SMs streaming in one wave. On the H200 the combine of two parts
+    cost 4.0 us of a 15.4 us layer of 4096 x 8 (benchmarks/ANALYSIS.md), and one part on half
+    the SMs as much in its longer k loop."""
+    narrow_bands = -(-n // NARROW_COLS)
+    return (m <= 16 and parts > 1 and narrow_bands <= n_sm
+            and narrow_bands >= parts * -(-n // BOX_COLS))
 
 
 # wgmma tiles split over K only into 8 parts or more: a split adds fp32 partials (written
@@ -188,6 +201,8 @@ class Gemm(OpDef):
                               getattr(b, "producer", -1) is None, ctx.n_sm)
         if stream:
             parts, chunk = stream
+            if stream_narrow(a.rows, b.cols, parts, ctx.n_sm):
+                return [unit.with_(attrs=dict(unit.attrs, stream=1, chunk=a.cols, narrow=True))]
             inputs = unit.inputs
             if parts > 1:   # part p's partial rows at p * STREAM_M (the last part sums them)
                 inputs += (ctx.new_tensor((parts * STREAM_M, b.cols), "float32",
@@ -223,7 +238,8 @@ class Gemm(OpDef):
         a, b = unit.inputs[:2]
         m, n = a.rows, b.cols
         if unit.attrs.get("stream"):
-            return unit.attrs["stream"] * -(-n // BOX_COLS) * -(-m // STREAM_TILE_M)
+            cols = NARROW_COLS if unit.attrs.get("narrow") else BOX_COLS
+            return unit.attrs["stream"] * -(-n // cols) * -(-m // STREAM_TILE_M)
         tm, tn = tile_shape(unit.attrs)
         return unit.attrs.get("split", 1) * -(-m // tm) * -(-n // tn)
 
@@ -301,8 +317,8 @@ class Gemm(OpDef):
 
     def _lower_stream(self, unit) -> Lowered:
         """A streamed GEMM: instruction (p, r, b) multiplies k range p (whole boxes, the last
-        one short at K's end) of column band b (BOX_COLS columns) for row band r (STREAM_TILE_M
-        rows). The grid's rows are parts x row bands over a virtual parts*M rows, so a column
+        one short at K's end) of column band b (BOX_COLS columns, NARROW_COLS for narrow bands:
+        one part) for row band r (STREAM_TILE_M rows). The grid's rows are parts x row bands over a virtual parts*M rows, so a column
         counter of the grid counts every instruction of a band: the consumers wait per band or
         for the op (wait_levels), never for one part, which may not be the last. The parts of
         a (row band, column band) share a combine counter (the scheduler allocates them)."""
@@ -314,7 +330,8 @@ class Gemm(OpDef):
         halves = len(in_part)
         row_edges = np.append((np.arange(parts)[:, None] * m + in_part[None, :]).ravel(),
                               parts * m)
-        col_edges = edges(n, BOX_COLS)
+        narrow = bool(unit.attrs.get("narrow"))
+        col_edges = edges(n, NARROW_COLS if narrow else BOX_COLS)
         p0, tm, c0, tn = grid(row_edges, col_edges)
         part = p0 // m
         r0 = p0 - part * m
@@ -346,7 +363,9 @@ class Gemm(OpDef):
                        flops=float(flops.sum()), bytes=float(total_bytes),
                        extra={"row0": r0, "k0": k0, "klen": kl,
                               "param": (parts << 16) | part},
-                       operands=operands, flags=_epilogue.flags(unit.attrs) | abi.FLAG_STREAM,
+                       operands=operands,
+                       flags=(_epilogue.flags(unit.attrs) | abi.FLAG_STREAM
+                              | (abi.FLAG_STREAM_NARROW if narrow else 0)),
                        wait_levels=("col", "op"),
                        combine=group if parts > 1 else None)
 
@@ -371,8 +390,11 @@ class Gemm(OpDef):
                     and _epilogue.act_code_ok(rec))
         if flags & abi.FLAG_STREAM:
             parts, part = int(rec["param"]) >> 16, int(rec["param"]) & 0xFFFF
-            return (min(r0, c0, int(rec["k0"])) >= 0 and 1 <= rn <= STREAM_TILE_M
-                    and 1 <= cn <= BOX_COLS and int(rec["klen"]) >= 1 and part < parts
+            narrow = flags & abi.FLAG_STREAM_NARROW
+            return (min(r0, c0, int(rec["k0"])) >= 0
+                    and 1 <= rn <= (16 if narrow else STREAM_TILE_M)
+                    and 1 <= cn <= (NARROW_COLS if narrow else BOX_COLS)
+                    and int(rec["klen"]) >= 1 and part < parts
                     and int(rec["pages"]) >= STREAM_PAGES and _epilogue.act_code_ok(rec))
         return (min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]), int(rec["klen"])) >= 0
                 and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))

@@ -157,8 +157,8 @@ RULES = {
 
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
-           "RingOutcome", "RoundRobin", "epilogue", "fixed_order_sum", "owners", "readers_of",
-           "streamed"]
+           "RingOutcome", "RoundRobin", "boxes_of", "epilogue", "fixed_order_sum", "owners",
+           "readers_of", "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -265,9 +265,18 @@ class Record:
     readers: int = 1
 
 
-def readers_of(rows: int) -> int:
-    """How many warps read each stage of a streamed instruction of `rows` rows: one per m16
-    tile (ops/gemm_stream.cuh's mk_gemm_stream_run; an instruction has at most READERS)."""
+def boxes_of(flags: int) -> int:
+    """Boxes of 128 k-rows in a ring stage of a record with these flags: two stacked in k for
+    a narrow band (MK_FLAG_STREAM_NARROW: boxes of 32 columns, two to a page), else one."""
+    return 2 if int(flags) & abi.FLAG_STREAM_NARROW else 1
+
+
+def readers_of(rows: int, flags: int = 0) -> int:
+    """How many warps read each stage of a streamed instruction of `rows` rows: one per box of
+    a narrow band's stage (its one m16 tile each), else one per m16 tile
+    (ops/gemm_stream.cuh's mk_gemm_stream_run; a stage has at most READERS)."""
+    if int(flags) & abi.FLAG_STREAM_NARROW:
+        return boxes_of(flags)
     return min(READERS, max(1, -(-rows // 16)))
 
 

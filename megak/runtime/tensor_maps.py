@@ -13,11 +13,13 @@ its own maps, in the same buffer, right after its entries (instr.h, above ``mk_t
     tmap_offset(n)           CUtensorMap[n]          (128 B each; 24 n rounded up to 128)
     tmap_offset(n) + 128 n   u32 ready[n]            (the box rows of map i; 0: none)
 
-Map i describes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes, box {64 columns,
-box rows}, 128-B swizzle, zeros out of bounds. The box rows depend on the use (`map_boxes`):
+Map i describes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes, zeros out of
+bounds, and a box that depends on the use (`map_boxes`), named by its ready word: box rows
 MK_STREAM_BOX_ROWS (128) for a streamed B and a wgmma A, MK_WGMMA_B_BOX_ROWS (64) for a wgmma
-B. A tensor wanted with both keeps 128 and the wgmma record that wanted 64 loads its B itself,
-as does every record whose tensor TMA cannot describe (ready 0). A request of a resident
+B, both 64 columns wide with the 128-B swizzle; MK_STREAM_NARROW_READY for the B of a narrow
+streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swizzle). A tensor
+wanted several ways keeps the first of 128, narrow, 64, and a record that wanted another
+loads its B itself, as does every record whose tensor TMA cannot describe (ready 0). A request of a resident
 kernel passes a table's address, so the maps travel with it.
 
 Everything but `encode` is pure host code (testable without a GPU); `fill_table` and
@@ -34,28 +36,35 @@ from .. import abi
 _BF16 = abi.DTYPES["MK_DTYPE_BF16"]
 _BF16_BYTES = 2
 
-Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, box rows)
-                                                      #   -> 128 bytes
+Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, box: the
+                                                      #   ready word) -> 128 bytes
 STREAM_BOX_ROWS = abi.OP_SHAPES["MK_STREAM_BOX_ROWS"]
 WGMMA_B_BOX_ROWS = abi.OP_SHAPES["MK_WGMMA_B_BOX_ROWS"]
 WGMMA_BK = abi.OP_SHAPES["MK_WGMMA_BK"]
 WGMMA_NARROW_N = abi.OP_SHAPES["MK_WGMMA_NARROW_N"]
+STREAM_NARROW_READY = abi.OP_SHAPES["MK_STREAM_NARROW_READY"]
+STREAM_NARROW_COLS = abi.OP_SHAPES["MK_STREAM_NARROW_COLS"]
 
 
 def map_boxes(instrs: np.ndarray) -> dict[int, int]:
-    """The tensor slots whose maps a program needs, each with its box rows: B of every GEMM
-    record flagged MK_FLAG_STREAM and A of every MK_FLAG_WGMMA record (STREAM_BOX_ROWS), B of
-    every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless it is also wanted with
-    STREAM_BOX_ROWS. Sorted by slot."""
+    """The tensor slots whose maps a program needs, each with its box (the ready word): B of
+    every GEMM record flagged MK_FLAG_STREAM alone and A of every MK_FLAG_WGMMA record
+    (STREAM_BOX_ROWS); B of every narrow streamed record (STREAM_NARROW_READY) unless also
+    wanted so; B of every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless also wanted either
+    way. Sorted by slot."""
     if len(instrs) == 0:
         return {}
     gemm = instrs["opcode"] == abi.OPCODE_OF["gemm"]
-    streamed = gemm & ((instrs["flags"] & abi.FLAG_STREAM) != 0)
-    wide = gemm & ((instrs["flags"] & abi.FLAG_WGMMA) != 0)
-    tall = set(instrs["tensor"][streamed, abi.ARG_B].tolist()) \
+    flags = instrs["flags"].astype(np.int64)
+    streamed = gemm & ((flags & abi.FLAG_STREAM) != 0)
+    narrow = streamed & ((flags & abi.FLAG_STREAM_NARROW) != 0)
+    wide = gemm & ((flags & abi.FLAG_WGMMA) != 0)
+    tall = set(instrs["tensor"][streamed & ~narrow, abi.ARG_B].tolist()) \
         | set(instrs["tensor"][wide, abi.ARG_A].tolist())
-    short = set(instrs["tensor"][wide, abi.ARG_B].tolist()) - tall
+    slim = set(instrs["tensor"][narrow, abi.ARG_B].tolist()) - tall
+    short = set(instrs["tensor"][wide, abi.ARG_B].tolist()) - tall - slim
     boxes = {int(s): STREAM_BOX_ROWS for s in tall}
+    boxes.update({int(s): STREAM_NARROW_READY for s in slim})
     boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
     return dict(sorted(boxes.items()))
 
@@ -113,19 +122,28 @@ def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int) -> bool:
     return stride % 16 == 0 and stride < 2 ** 40
 
 
-def encode(ptr: int, rows: int, cols: int, ld: int, box_rows: int = STREAM_BOX_ROWS) -> bytes:
+def box_shape(box: int) -> tuple[int, int, str]:
+    """(box columns, box rows, swizzle) of the map a ready word names: STREAM_NARROW_READY is
+    32 columns x 128 rows with the 64-B swizzle (a box row is 64 B), any other value that many
+    rows of 64 columns with the 128-B swizzle."""
+    if box == STREAM_NARROW_READY:
+        return STREAM_NARROW_COLS, STREAM_BOX_ROWS, "64B"
+    return abi.STREAM_BOX_COLS, box, "128B"
+
+
+def encode(ptr: int, rows: int, cols: int, ld: int, box: int = STREAM_BOX_ROWS) -> bytes:
     """The 128-byte CUtensorMap of a bf16 (rows x cols, leading dimension ld) tensor at device
-    address ptr, boxes of 64 columns x box_rows rows. A host-only driver call: no stream, no
-    sync."""
+    address ptr, boxes of `box_shape(box)`. A host-only driver call: no stream, no sync."""
     from .driver import _bindings, check
     drv = _bindings()
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    box_cols, box_rows, swizzle = box_shape(box)
     tmap = check(drv.cuTensorMapEncodeTiled(
         drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, int(ptr),
         [u64(cols), u64(rows)], [u64(_BF16_BYTES * ld)],
-        [u32(abi.STREAM_BOX_COLS), u32(box_rows)], [u32(1), u32(1)],
+        [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
         "cuTensorMapEncodeTiled")
@@ -143,26 +161,27 @@ def maps_view(buf: np.ndarray, n: int) -> np.ndarray:
 
 
 def ready_view(buf: np.ndarray, n: int) -> np.ndarray:
-    """The n ready words of a table image (u32: the box rows of each map, 0 for none)."""
+    """The n ready words of a table image (u32: the box of each map, `box_shape`; 0 for none)."""
     o = abi.ready_offset(n)
     return buf[o:o + 4 * n].view(np.uint32)
 
 
 def write_maps(buf: np.ndarray, n: int, entries: np.ndarray, boxes: Mapping[int, int],
                encoder: Encoder | None = None) -> int:
-    """(Re)encode the maps of `boxes` ({slot: box rows}) from `entries` into the table image
-    `buf` and set their ready words; other slots are left as they are. Returns how many were
-    encoded. The encoder (default: the driver's) is called only for encodable tensors."""
+    """(Re)encode the maps of `boxes` ({slot: box, the ready word}) from `entries` into the
+    table image `buf` and set their ready words; other slots are left as they are. Returns how
+    many were encoded. The encoder (default: the driver's) is called only for encodable
+    tensors."""
     maps, ready = maps_view(buf, n), ready_view(buf, n)
     done = 0
-    for slot, box_rows in boxes.items():
+    for slot, box in boxes.items():
         if not 0 <= slot < n:
             continue
         e = entries[slot]
         args = (int(e["ptr"]), int(e["rows"]), int(e["cols"]), int(e["ld"]))
         if encodable(*args, int(e["dtype"])):
-            maps[slot] = np.frombuffer((encoder or encode)(*args, box_rows), dtype=np.uint8)
-            ready[slot] = box_rows
+            maps[slot] = np.frombuffer((encoder or encode)(*args, box), dtype=np.uint8)
+            ready[slot] = box
             done += 1
         else:
             maps[slot] = 0

@@ -61,9 +61,10 @@ def gemm_instrs(plan):
 
 
 def assert_streamed(plan, m, k, n):
-    """Every GEMM record streamed: row bands of <= 32 rows and bands of 64 columns tile the
-    output, each (row band, band)'s parts tile K in whole boxes (the last one short at K's
-    end) and share one combine counter. Returns the parts."""
+    """Every GEMM record streamed: row bands of <= 32 rows and bands of 64 columns (32 for
+    narrow bands: all or none of the records, one part, one m16 tile) tile the output, each
+    (row band, band)'s parts tile K in whole boxes (the last one short at K's end) and share
+    one combine counter. Returns the parts."""
     ins = gemm_instrs(plan)
     flags = ins["flags"].astype(np.int64)
     assert (flags & abi.FLAG_STREAM).all() and (flags & abi.FLAG_B_READY).all()
@@ -71,14 +72,18 @@ def assert_streamed(plan, m, k, n):
     parts, part = ins["param"] >> 16, ins["param"] & 0xFFFF
     assert len(set(parts.tolist())) == 1
     p = int(parts[0])
-    bands, row_bands = -(-n // BOX_COLS), -(-m // gemm.STREAM_TILE_M)
+    narrow = flags & abi.FLAG_STREAM_NARROW
+    assert narrow.all() or not narrow.any()
+    cols = gemm.NARROW_COLS if narrow.any() else BOX_COLS
+    assert not narrow.any() or (p == 1 and m <= 16)
+    bands, row_bands = -(-n // cols), -(-m // gemm.STREAM_TILE_M)
     assert len(ins) == p * bands * row_bands
     counters = set()
     for r in range(row_bands):
         for b in range(bands):
-            mine = ins[(ins["col0"] == b * BOX_COLS) & (ins["row0"] == r * gemm.STREAM_TILE_M)]
+            mine = ins[(ins["col0"] == b * cols) & (ins["row0"] == r * gemm.STREAM_TILE_M)]
             assert len(mine) == p
-            assert (mine["cols"] == min(BOX_COLS, n - b * BOX_COLS)).all()
+            assert (mine["cols"] == min(cols, n - b * cols)).all()
             assert (mine["rows"] == min(gemm.STREAM_TILE_M, m - r * gemm.STREAM_TILE_M)).all()
             order = np.argsort(mine["param"] & 0xFFFF)
             k0, kl = mine["k0"][order].astype(np.int64), mine["klen"][order].astype(np.int64)
@@ -136,9 +141,9 @@ def test_stream_on_few_sms(rng, n_sm):
 def test_stream_runs_again_and_again(backend, rng):
     # the combine counters advance per run like the dependency counters: every run's last
     # part is found again, with fresh inputs each time
-    g = stream_graph(16, 2048, 300, bias=True)
+    g = stream_graph(16, 2048, 200, bias=True)
     prog = compile_for(g, backend)
-    assert assert_streamed(prog.plan, 16, 2048, 300) > 1
+    assert assert_streamed(prog.plan, 16, 2048, 200) > 1
     for i in range(5):
         run_checked(prog, g, random_inputs(g, rng), f"run {i}")
 
@@ -261,12 +266,54 @@ def test_band_dependencies():
 
 
 def test_stream_cost_and_bytes():
-    g = stream_graph(16, 4096, 4096, out_dtype="float32")
+    g = stream_graph(20, 4096, 4096, out_dtype="float32")
     units, _, _ = scheduler.lowering_units(g, N_SM)
     low = gemm.OP.lower(units[0])
-    assert low.flops == 2.0 * 16 * 4096 * 4096
+    assert low.flops == 2.0 * 20 * 4096 * 4096
     assert low.n == 128 and low.wait_levels == ("col", "op")
     assert (low.combine == np.tile(np.arange(64), 2)).all()
+    # at one m16 tile the same layer takes 128 narrow bands, one part each: no combine
+    low = gemm.OP.lower(scheduler.lowering_units(stream_graph(16, 4096, 4096), N_SM)[0][0])
+    assert low.n == 128 and low.combine is None and low.flops == 2.0 * 16 * 4096 * 4096
+    assert (low.flags & abi.FLAG_STREAM_NARROW) and (low.col_edges[1:] - low.col_edges[:-1] == 32).all()
+
+
+def test_narrow_rule():
+    # narrow bands where the wide split would combine, at one m16 tile, when they keep at
+    # least as many SMs streaming in one wave
+    assert gemm.NARROW_COLS == 32
+    assert gemm.stream_narrow(16, 4096, 2, 132)          # 4096 x 4096: 128 bands, one part
+    assert gemm.stream_narrow(1, 4096, 2, 132)
+    assert not gemm.stream_narrow(17, 4096, 2, 132)      # two m16 tiles
+    assert not gemm.stream_narrow(16, 4096, 1, 132)      # no combine to save
+    assert not gemm.stream_narrow(16, 1024, 4, 132)      # 32 narrow bands < 16 x 4 wide parts
+    assert not gemm.stream_narrow(16, 8192, 2, 132)      # 256 narrow bands: two waves
+    assert gemm.stream_narrow(16, 64, 2, 2) and gemm.stream_narrow(5, 100, 2, 8)
+
+
+# narrow bands (m, k, n, SMs): 2 bands on 2 SMs, K in whole stages, K ending in its last
+# stage's second box, K ending in its first (the second box not copied, nor read); 16 bands;
+# a band of 4 columns; the W2 layer
+NARROW = [(16, 2560, 64, 2), (16, 2500, 64, 2), (16, 2100, 64, 2), (1, 4096, 512, 16),
+          (5, 2000, 100, 8), (16, 4096, 4096, N_SM)]
+
+
+@pytest.mark.parametrize("m,k,n,n_sm", NARROW)
+def test_stream_narrow_matches_float64(backend, rng, m, k, n, n_sm):
+    g = stream_graph(m, k, n)
+    prog = megak.compile(g, backend=backend, n_sm=n_sm)
+    assert assert_streamed(prog.plan, m, k, n) == 1
+    assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM_NARROW).all()
+    for run in range(2):
+        run_checked(prog, g, random_inputs(g, rng), f"narrow {m}x{k}x{n} on {n_sm} run {run}")
+
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()))
+def test_stream_narrow_epilogue(backend, rng, epi):
+    g = stream_graph(16, 2500, 64, out_dtype="float32", **epi)
+    prog = megak.compile(g, backend=backend, n_sm=2)
+    assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM_NARROW).all()
+    run_checked(prog, g, random_inputs(g, rng), f"narrow {epi}")
 
 
 # ---- MK_FLAG_B_READY ----------------------------------------------------------------------------
@@ -374,6 +421,32 @@ def test_a_chunk_layout_is_conflict_free_and_one_to_one():
                 # and it is the unit the copy put row r's k-columns 16 ks + 8 (l / 16) .. into
                 unit = 2 * ks + (lanes >> 4)
                 assert (addr == r * pitch + 16 * (unit ^ (r % 8))).all() and (unit < units).all()
+
+
+def test_narrow_box_swizzle_and_fragments():
+    # a narrow band's box (32 columns x 128 k-rows, the TMA's 64-B swizzle): k-row r's 16-B
+    # chunk c at byte 64 r + 16 (c ^ ((r / 2) % 4)); the op's ldmatrix.x4.trans addresses (two
+    # per k16 step, 4 n8 tiles) read back B's fragments, conflict-free
+    rng = np.random.default_rng(2)
+    cols = gemm.NARROW_COLS
+    box = rng.integers(0, 1 << 16, (BOX_ROWS, cols), dtype=np.uint32)
+    page = np.zeros(BOX_ROWS * cols, np.uint32)
+    for r in range(BOX_ROWS):
+        for c in range(cols // 8):
+            at = (64 * r + 16 * (c ^ ((r >> 1) & 3))) // 2
+            page[at:at + 8] = box[r, 8 * c:8 * c + 8]
+    lanes = np.arange(32)
+    for ks in range(BOX_ROWS // 16):
+        b_row = 16 * ks + (lanes & 7) + ((lanes >> 3) & 1) * 8
+        for j in range(2):
+            chunk = 2 * j + (lanes >> 4)
+            addr = 64 * b_row + 16 * (chunk ^ ((b_row >> 1) & 3))
+            for ph in range(4):
+                assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
+            for i in range(4):
+                rows = [page[a // 2:a // 2 + 8] for a in addr[8 * i:8 * i + 8]]
+                k0, c0 = 16 * ks + 8 * (i % 2), 8 * (2 * j + i // 2)
+                assert (np.array(rows) == box[k0:k0 + 8, c0:c0 + 8]).all()
 
 
 def test_a_slot_layout_is_conflict_free():

@@ -11,6 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from megak import abi
 from megak.runtime import stream_model as sm
 from megak.runtime.stream_model import (CombineModel, CombineRun, Invocation, MBarrier, Priority,
                                         ProtocolViolation, RandomScheduler, Record, RingModel,
@@ -104,6 +105,10 @@ def test_a_stage_of_two_readers_is_read_by_both_before_its_slot_is_reused():
     assert sm.owners(Record(True, 0, 8, readers=2), 5) == (1, 5)
     assert sm.owners(Record(True, 0, 8), 5) == (5,)
     assert [sm.readers_of(r) for r in (1, 16, 17, 32)] == [1, 1, 2, 2]
+    # a narrow band's stage: two boxes stacked in k, one reader each
+    narrow = abi.FLAG_STREAM | abi.FLAG_STREAM_NARROW
+    assert sm.readers_of(16, narrow) == sm.boxes_of(narrow) == 2
+    assert sm.boxes_of(abi.FLAG_STREAM) == 1
     queue = (Record(True, 0, 6, readers=2), Record(True, 1, 3))
     model = RingModel([Invocation(queue, ring=2)])
     outcome = model.run(Priority("block", "streamer", "copy*", "warp0", "warp1"))

@@ -182,6 +182,15 @@ def test_map_boxes():
                   ("gemm", W, 6, 10), ("add", W, 11, 12))
     assert tensor_maps.map_boxes(rec) == {2: 128, 5: 64, 6: 128, 8: 128, 10: 128}
     assert list(tensor_maps.map_boxes(rec)) == [2, 5, 6, 8, 10]
+    # narrow streamed bands: their own box where no other use wants the slot; after 128, before
+    # 64 (the record whose box is not the slot's loads its B itself)
+    N, NR = abi.FLAG_STREAM_NARROW, tensor_maps.STREAM_NARROW_READY
+    rec = records(("gemm", S | N | R, 3), ("gemm", S | N | R, 4), ("gemm", S | R, 4),
+                  ("gemm", W, 3, 9), ("gemm", S | N | R, 5), ("gemm", W, 5, 9))
+    assert tensor_maps.map_boxes(rec) == {3: NR, 4: 128, 5: NR, 9: 128}
+    assert tensor_maps.box_shape(NR) == (32, 128, "64B")
+    assert tensor_maps.box_shape(128) == (64, 128, "128B")
+    assert tensor_maps.box_shape(64) == (64, 64, "128B")
 
 
 def test_wgmma_only_slots_and_maps_cover():

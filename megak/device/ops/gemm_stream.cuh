@@ -7,12 +7,18 @@
  * 64 columns x 128 k-rows, gives every column band `parts` instructions over equal k ranges
  * (as few as keep a part within the ring, as many as spread a large layer over the SMs:
  * gemm.stream_split), and the last of a band's parts to finish sums the fp32 partials in part
- * order and runs the epilogue. The streamer keeps the
- * next instructions' boxes coming while this one waits for its activation.
+ * order and runs the epilogue. Where that split would combine and narrower bands still fit
+ * the SMs (gemm.stream_narrow: one m16 tile, e.g. 4096 x 4096 at batch 16 on 132 SMs), bands
+ * of 32 columns take the whole K instead, with no combine (MK_FLAG_STREAM_NARROW). The
+ * streamer keeps the next instructions' boxes coming while this one waits for its activation.
  *
  *   stage s = one box: k-rows [k0 + 128 s, k0 + 128 s + 128) x columns [col0, col0 + 64) of B,
  *   one page, as the TMA's 128-B swizzle lays it out: k-row r at byte 128 r, its 16-B chunk c
  *   (columns 8c .. 8c + 7) at chunk c ^ (r & 7)
+ *   narrow stage s = two boxes of 32 columns: k-rows [k0 + 256 s, + 128) in the page's first
+ *   half and [k0 + 256 s + 128, + 128) in its second (copied only where it starts before the
+ *   k range's end), each as the TMA's 64-B swizzle lays it out: k-row r at byte 64 r, chunk c
+ *   (c < 4) at chunk c ^ ((r / 2) & 3)
  *
  * Warps, with the ring: with one m16 tile (rows <= 16) warp w takes whole stages, s = w,
  * w + 8, ... of the instruction (all 8 k16 steps of its page, all 8 n8 tiles), so 8 stages
@@ -21,8 +27,10 @@
  * w + 4 share stages s = w, w + 4, ..., each half of the page's k-rows for both tiles, 4
  * stages at once. Without the ring (the compute warps copy
  * each box into page 2 themselves, with block barriers) warp w takes k16 step w of every
- * stage. Either way 2 x 8 x 4 fp32 accumulators per thread, summed over the 8 warps at the
- * end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
+ * stage. A narrow band's stage is read by warps w and w + 4, one box each (its 4 n8 tiles);
+ * without the ring it is copied and multiplied as a 64-column box, the 32 columns past the
+ * band never stored. Either way 2 x 8 x 4 fp32 accumulators per thread, summed over the 8
+ * warps at the end through shared memory. (Four m16 tiles per instruction made ptxas spill.)
  *
  * Page plan (megak/ops/gemm.py says the same), positions in the op's page table; three pages,
  * so that a block of 13 keeps 10 for the ring:
@@ -93,28 +101,52 @@ static_assert(MK_STREAM_READERS * 16 == MK_STREAM_TILE_M,
 __device__ __forceinline__ mk_u32 mk_stream_parts(const mk_instr& in) { return in.param >> 16; }
 __device__ __forceinline__ mk_u32 mk_stream_part(const mk_instr& in) { return in.param & 0xffffu; }
 
+__device__ __forceinline__ bool mk_stream_narrow(const mk_instr& in)
+{
+    return (in.flags & MK_FLAG_STREAM_NARROW) != 0u;
+}
+
 __device__ __forceinline__ bool mk_gemm_stream_check(const mk_instr& in)
 {
     const mk_u32 parts = mk_stream_parts(in);
-    return in.rows >= 1 && in.rows <= MK_STREAM_TILE_M && in.cols >= 1 &&
-           in.cols <= MK_STREAM_BOX_COLS && in.klen >= 1 && in.k0 >= 0 && in.row0 >= 0 &&
+    const bool narrow = mk_stream_narrow(in);
+    return in.rows >= 1 && in.rows <= (narrow ? 16 : MK_STREAM_TILE_M) && in.cols >= 1 &&
+           in.cols <= (narrow ? MK_STREAM_NARROW_COLS : MK_STREAM_BOX_COLS) && in.klen >= 1 &&
+           in.k0 >= 0 && in.row0 >= 0 &&
            in.col0 >= 0 && parts >= 1 && mk_stream_part(in) < parts &&
            in.pages >= MK_STREAM_PAGES && mk_epilogue_check(in);
+}
+
+/* k-rows of one ring stage of record `in`: one box of 128, or two stacked for a narrow band
+ * (boxes of 32 columns: two fill the page). */
+__device__ __forceinline__ mk_u32 mk_stream_stage_rows(const mk_instr& in)
+{
+    return mk_stream_narrow(in) ? 2u * MK_STREAM_BOX_ROWS : (mk_u32)MK_STREAM_BOX_ROWS;
+}
+
+/* Whether stage s of a narrow band has its second box: k-rows left past the first (the
+ * streamer copies it, its reader reads it; both decide from the record alone). */
+__device__ __forceinline__ bool mk_stream_second_box(const mk_instr& in, mk_u32 s)
+{
+    return (mk_u32)in.klen > 2u * MK_STREAM_BOX_ROWS * s + MK_STREAM_BOX_ROWS;
 }
 
 /* Stages the streamer delivers for record `in` of this program: the streamer (reading the
  * record from global memory) and the loader (its copy in the slot) call this on the same
  * bytes, so both count the same positions. 0: not streamed (the op loads B itself). The
- * checks make the copy safe whatever the record says: a tensor map the host encoded, a page
- * of the ring. */
+ * checks make the copy safe whatever the record says: a tensor map the host encoded with the
+ * box the record's geometry needs (its ready word), a page of the ring. */
 __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, const mk_params& p)
 {
     if (in.opcode != MK_OP_GEMM || !(in.flags & MK_FLAG_STREAM) || p.stream_pages == 0 ||
         !mk_gemm_stream_check(in) || in.tensor[MK_ARG_B] >= p.n_tensors)
         return 0;
-    if (mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]) != (mk_u32)MK_STREAM_BOX_ROWS)
+    const mk_u32 box = mk_stream_narrow(in) ? (mk_u32)MK_STREAM_NARROW_READY
+                                            : (mk_u32)MK_STREAM_BOX_ROWS;
+    if (mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]) != box)
         return 0;
-    return ((mk_u32)in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
+    const mk_u32 rows = mk_stream_stage_rows(in);
+    return ((mk_u32)in.klen + rows - 1) / rows;
 }
 
 /* A without the ring, per warp and stage: its k16 slice of every row, 2 chunks of 16 B per
@@ -296,21 +328,26 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
  * each ldmatrix's latency in series, ~1.6 us per 64-MMA stage on the H200). A fragments of
  * tile mt from a_at[mt]; B's 8 n8 tiles from the box page st, this lane's ldmatrix row b_row
  * (the page's k-row, in the TMA's 128-B swizzle). */
-template <int MTS>
+template <int MTS, bool NARROW = false>
 __device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u32 (&a_at)[MTS],
                                               mk_u32 st, mk_u32 b_row, int lane)
 {
-    mk_u32 a[MTS][4], b[4][4];
+    constexpr int NB = NARROW ? 2 : 4;        /* x4 loads of B: 16 columns each */
+    mk_u32 a[MTS][4], b[NB][4];
 #pragma unroll
     for (int mt = 0; mt < MTS; ++mt)
         mk_ldmatrix_x4(a[mt], a_at[mt]);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < NB; ++j) {
         const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
-        mk_ldmatrix_x4_trans(b[j], st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4));
+        /* 128-B rows, chunk c at c ^ (r & 7); a narrow box's 64-B rows, c at c ^ ((r / 2) & 3)
+         * (the TMA's 64-B swizzle): either way the 8 rows of a phase hit 8 bank groups */
+        const mk_u32 at = NARROW ? st + 64u * b_row + ((chunk ^ ((b_row >> 1) & 3u)) << 4)
+                                 : st + 128u * b_row + ((chunk ^ (b_row & 7u)) << 4);
+        mk_ldmatrix_x4_trans(b[j], at);
     }
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < NB; ++j)
 #pragma unroll
         for (int mt = 0; mt < MTS; ++mt) {
             mk_mma_bf16_16816(acc[mt][2 * j], a[mt], b[j]);
@@ -340,54 +377,69 @@ __device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u3
  * x 64 k-rows per stage in its 4 KiB buffer, the second copied and waited for after the
  * first chunk's MMAs: 1.5 us of a 1.95 us warp-stage at batch 64 on the H200
  * (tools/probe_stream_stages.py, "A last chunk"). With the stage's k-rows split between two
- * warps each copies one chunk, under its page wait. */
-template <int MTS>
+ * warps each copies one chunk, under its page wait.
+ *
+ * NARROW (MK_FLAG_STREAM_NARROW, one m16 tile): a stage is two boxes of 32 columns x 128
+ * k-rows stacked in k (256 k-rows, the page's halves), read by warps w and w + 4, warp w the
+ * first box and w + 4 the second, each with the A chunk of its box's k-rows (16 rows x 128:
+ * 4 KiB) and the 4 n8 tiles of the box's columns; the same two arrivals per phase. */
+template <int MTS, bool NARROW = false>
 __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const mk_tensor* op,
                                                      const mk_pages& pages,
                                                      float (&acc)[2][8][4])
 {
+    static_assert(!NARROW || MTS == 1, "a narrow band has one m16 tile");
+    constexpr int STAGE_K = NARROW ? 2 * MK_STREAM_BOX_ROWS : MK_STREAM_BOX_ROWS;
+    constexpr int READ = NARROW ? 2 : MTS;    /* warps reading a stage */
     mk_control& ctl = mk_ctl();
     const mk_tensor& TA = op[MK_ARG_A];
-    const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
+    const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
     const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
-    constexpr int kc = MK_STREAM_BOX_ROWS / MTS, pitch = 2 * kc;
+    constexpr int kc = STAGE_K / READ, pitch = 2 * kc;
     const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
     const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
     /* ldmatrix rows of this lane: A rows l % 16, unit l / 16 of the k16 step; B k-rows */
     const int a_r = lane & 15, a_c = lane >> 4;
     const mk_u32 b_lane = (lane & 7u) + ((lane >> 3) & 1u) * 8u;
-    /* MTS readers per stage: this warp's stages and its share of their k-rows (one chunk) */
-    constexpr int step = MK_STREAM_WARPS / MTS;
+    /* READ readers per stage: this warp's stages and its share of their k-rows (one chunk;
+     * a narrow band's share is one box, at its own half of the page) */
+    constexpr int step = MK_STREAM_WARPS / READ;
     const int kb = kc * (warp / step);        /* the share's first k-row in the stage */
+    const mk_u32 box_at = NARROW ? (mk_u32)(warp / step) * (MK_PAGE_BYTES / 2) : 0u;
+    const int box_row0 = NARROW ? 0 : kb;     /* the share's first k-row in its box */
 #pragma unroll 1
     for (int s = warp % step; s < nst; s += step) {
         const mk_u32 pos = pages.stream_pos + (mk_u32)s;
         const mk_u32 R = ctl.params.stream_pages;
         const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
-        const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
+        const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES + box_at;
+        /* a narrow stage's second box past the k range was not copied: nothing to read */
+        const bool live = !NARROW || box_at == 0u || mk_stream_second_box(in, (mk_u32)s);
         __syncwarp();                         /* every lane's reads of the buffer are done */
-        mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
-                          MK_STREAM_BOX_ROWS * s + kb, a_vec);
+        if (live)
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                              STAGE_K * s + kb, a_vec);
         mk_cp_async_commit();
         /* the page, while A is on its way */
         const bool ok = __all_sync(0xffffffffu, mk_stream_wait_full(ctl, slot, pos, parity));
         mk_cp_async_wait_all();
         __syncwarp();                         /* every lane's A copies visible to the warp */
-        if (ok) {                             /* uniform: past the deadline, no MMAs */
+        if (ok && live) {                     /* uniform: past the deadline, no MMAs */
 #pragma unroll
             for (int ks = 0; ks < kc / 16; ++ks) {
                 mk_u32 a_at[MTS];
 #pragma unroll
                 for (int mt = 0; mt < MTS; ++mt)
                     a_at[mt] = mk_stream_chunk_at(buf, 16 * mt + a_r, 2 * ks + a_c, pitch);
-                mk_stream_k16<MTS>(acc, a_at, st, (mk_u32)(kb + 16 * ks) + b_lane, lane);
+                mk_stream_k16<MTS, NARROW>(acc, a_at, st, (mk_u32)(box_row0 + 16 * ks) + b_lane,
+                                           lane);
             }
         }
         __syncwarp();
         if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */
-            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / MTS));
+            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / READ));
     }
 }
 
@@ -572,11 +624,13 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
                 acc[mt][n][e] = 0.f;
     const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
     if (pages.stream_stages > 0) {
-        if (two)
+        if (mk_stream_narrow(in))             /* checked: rows <= 16 */
+            mk_stream_kloop_ring<1, true>(in, op, pages, acc);
+        else if (two)
             mk_stream_kloop_ring<2>(in, op, pages, acc);
         else
             mk_stream_kloop_ring<1>(in, op, pages, acc);
-    } else {
+    } else {   /* a narrow band is copied as a 64-column box: the 32 past it never stored */
         if (two)
             mk_stream_kloop_copied<2>(in, op, pages, acc);
         else
