@@ -362,6 +362,8 @@ def test_encode_a_real_map():
         assert len(b) == abi.TMAP_BYTES and a != b
         c = tensor_maps.encode(buf.ptr, 256, 64, 64, tensor_maps.WGMMA_B_BOX_ROWS)
         assert len(c) == abi.TMAP_BYTES and c != a     # the box is in the map
+        d = tensor_maps.encode(buf.ptr, 256, 64, 64, tensor_maps.STREAM_NARROW_READY)
+        assert len(d) == abi.TMAP_BYTES and d not in (a, c)   # 32 columns, the 64-B swizzle
         image = np.zeros(abi.table_bytes(1), np.uint8)
         entries = entries_of([(buf.ptr, 256, 64, 64, BF16)])
         assert tensor_maps.fill_table(image, 1, entries, {0: 128}) == 1
