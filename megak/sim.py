@@ -108,7 +108,7 @@ def check_stream_queues(plan: Plan, queues) -> None:
             continue
         records = tuple(sm.Record(stream=bool(f & abi.FLAG_STREAM), b=0,
                                   stages=max(1, -(-int(k) // (box_rows * sm.boxes_of(f)))),
-                                  readers=sm.readers_of(int(r), f))
+                                  readers=sm.readers_of(int(r), f), hold=sm.holds(f))
                         for f, k, r in zip(flags, queue["klen"], queue["rows"]))
         invocations.append(sm.Invocation(records, plan.stream_pages, ready=(True,)))
     total = sum(len(inv.sequence()) for inv in invocations)

@@ -454,6 +454,7 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                     go = false;
                     break;
                 }
+                mk_stream_hold_wait(ctl);   /* stream.cuh, "The hold" */
                 const mk_u32 dst = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
                 const int k = r0 + (int)(s * stage_rows);
                 const bool second = narrow && mk_stream_second_box(in, s);
@@ -652,6 +653,8 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
     const mk_u32 n_signals = s.ins.n_signals;
     if (n_signals > 0)
         mk_fence_release();
+    if (p.stream_pages > 0)
+        mk_stream_hold(ctl, 0u);   /* the fence has passed: the streamer goes on (stream.cuh) */
 #if MK_TRACE
     /* stored: results visible, counters not yet moved, so no consumer's "waited" can ever
      * read an earlier clock than its producer's "stored" */

@@ -28,6 +28,20 @@
  * warps wait for a layer's activation, the next layers' weights keep arriving, as far ahead as
  * the ring holds.
  *
+ * The hold: a release fence waits for the SM's bulk copies in flight (0.25 us idle, 3.9 us
+ * with 10 pages in flight: tools/probe_fence_load.py), so a band that signals its consumers
+ * while the ring refills pays for the refill. A narrow band (one wave of 32-column bands: its
+ * SM's share of a layer is ~1.6 rings, and HBM idles during the layer's tail whatever the
+ * streamer does) raises stream_hold once every compute warp is done with its k loop; the
+ * streamer issues no copy while it is raised, and thread 0 lowers it after the signal's
+ * fence (mk_compute_signal). In 4096 x 8 at batch 16 the signal took 2.2 us with the hold
+ * off and 0.8 with it on, the chain 125.2 us against 116.8 (tools/probe_stream_stages.py,
+ * variant "hold"); in 8192 x 8, streaming-bound, a hold cost 2.5%, so wide bands never raise
+ * it. The word orders nothing: it only delays issues that the protocol below already
+ * orders, and the streamer waits for it at most MK_STREAM_HOLD_NS per copy, so a hold left
+ * raised (an op that stopped early) costs time, never a hang. Shared atomics both ways:
+ * racecheck takes them as synchronisation.
+ *
  * Ordering:
  *   - copy -> reader: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a
  *     thread whose try_wait sees that phase complete sees the page's bytes (mbarrier
@@ -76,6 +90,10 @@
 static_assert(MK_STREAM_BOX_COLS * MK_STREAM_BOX_ROWS * 2 == MK_PAGE_BYTES,
               "one bf16 box of the weight stream fills one page");
 static_assert(MK_STREAM_BOX_COLS * 2 == 128, "a box row is the 128-B swizzle span");
+
+/* The longest a hold delays one copy (see "The hold"): a narrow band's tail from its k loop's
+ * end to its signal's fence, ~2-3 us, with room. */
+constexpr mk_u64 MK_STREAM_HOLD_NS = 4000;
 static_assert(MK_STREAM_NARROW_COLS * 2 == 64 && 2 * MK_STREAM_NARROW_COLS == MK_STREAM_BOX_COLS,
               "a narrow box row is the 64-B swizzle span; two narrow boxes fill a page");
 static_assert(MK_STREAM_NARROW_READY == 65536 + MK_STREAM_BOX_ROWS,
@@ -164,6 +182,7 @@ __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32
         mk_fence_mbar_init();
     ctl.ring_inited = now;
     ctl.ring_stop = 0;
+    ctl.stream_hold = 0;
 }
 
 /* ring_issued[slot]: the streamer's publication of the position it issued into the slot,
@@ -190,6 +209,22 @@ __device__ __forceinline__ mk_u32 mk_issued_read(mk_u32* p)
 __device__ __forceinline__ bool mk_ring_stopped()
 {
     return *reinterpret_cast<volatile mk_u32*>(&mk_ctl().ring_stop) != 0u;
+}
+
+/* The hold (see "The hold" above): raise (1) or lower (0). */
+__device__ __forceinline__ void mk_stream_hold(mk_control& ctl, mk_u32 on)
+{
+    atomicExch(&ctl.stream_hold, on);
+}
+
+/* Streamer lane 0, before a copy: wait while the hold is raised, at most MK_STREAM_HOLD_NS. */
+__device__ __forceinline__ void mk_stream_hold_wait(mk_control& ctl)
+{
+    if (atomicOr(&ctl.stream_hold, 0u) == 0u)
+        return;
+    const mk_u64 until = mk_globaltimer() + MK_STREAM_HOLD_NS;
+    while (atomicOr(&ctl.stream_hold, 0u) != 0u && mk_globaltimer() < until && !mk_ring_stopped()) {
+    }
 }
 
 #endif /* MEGAK_STREAM_CUH */

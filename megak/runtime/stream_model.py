@@ -40,6 +40,13 @@ serves many requests; each invocation has its own queue and ring size R = stream
             the start of an instruction: one warp sets ring_stop and leaves, or the whole
             compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
             as when the loader reports an error for the instruction.
+  hold      (stream.cuh, "The hold") a record with `hold` (a narrow band): once every warp is
+            done with its stages (the op's barrier), thread 0 raises stream_hold; after the
+            instruction's signal fence it lowers it. The streamer, before each copy, polls
+            the word while it is raised, at most HOLD_POLLS times (the device's
+            MK_STREAM_HOLD_NS) and not past ring_stop, after its empty wait. A failure of the whole role injected
+            at a holding instruction stops in its tail, with the hold raised (the device's
+            op that gives up after its k loop).
   block     thread 0: before each invocation, once every role of the previous one has
             passed the join barrier, invalidates the ring barriers the previous set-up
             initialised, initialises this invocation's R pairs, sets every issued word to
@@ -83,7 +90,9 @@ Beside the shared memory the models keep what they know to be true (`RingTruth`,
   7  the last reads every other partial of this run: never a previous run's, never one not
      yet written;
   8  the output is bitwise the fixed-order sum (with the epilogue), whatever the interleaving;
-  9  a reader that sees every part's signal reads this run's final output.
+  9  a reader that sees every part's signal reads this run's final output;
+ 10  the hold is raised only once every stage of its instruction was read (it never holds
+     back a copy that the instruction itself still waits for).
 
 Misuse switches (RingModel / CombineModel keywords), each changing one step, so that the
 tests can show the checks catch it:
@@ -105,7 +114,11 @@ tests can show the checks catch it:
     reader_arrives_for_all   each reader of a two-reader stage arrives with the count of a
                              stage's only reader (2), as if it read the page alone;
     no_issued_word           the warps wait on full's parity alone, as when every warp read
-                             every stage.
+                             every stage;
+    hold_at_entry            the hold is raised as the instruction starts, before its stages
+                             are read;
+    hold_unbounded           the streamer waits for the hold to be lowered with no deadline
+                             and without looking at ring_stop.
   CombineModel
     last_without_epoch       the last test is old + 1 == parts;
     partial_after_atomic     a part writes its partial after its atomic add;
@@ -153,12 +166,14 @@ RULES = {
     7: "the last reads every partial of this run",
     8: "the output is the fixed-order sum, bit for bit",
     9: "a reader that saw every signal reads the final output",
+    10: "the hold is raised only once its instruction's stages were read",
 }
+HOLD_POLLS = 4     # the streamer's polls of a raised hold before it issues anyway
 
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
            "RingOutcome", "RoundRobin", "boxes_of", "epilogue", "fixed_order_sum", "owners",
-           "readers_of", "streamed"]
+           "holds", "readers_of", "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -258,11 +273,19 @@ class MBarrier:
 class Record:
     """One instruction of a block's queue as the stream sees it: MK_FLAG_STREAM, which tensor
     of the table is its B, its stage count (boxes of B), and how many warps read each of its
-    stages (its m16 tiles)."""
+    stages (its m16 tiles), and whether it holds the streamer through its tail (a narrow band,
+    `holds`)."""
     stream: bool = False
     b: int = 0
     stages: int = 1
     readers: int = 1
+    hold: bool = False
+
+
+def holds(flags: int) -> bool:
+    """Whether a streamed record with these flags raises the streamer's hold from its k loop's
+    end to its signal (ops/gemm_stream.cuh: a narrow band)."""
+    return bool(int(flags) & abi.FLAG_STREAM_NARROW)
 
 
 def boxes_of(flags: int) -> int:
@@ -329,6 +352,7 @@ class RingTruth:
     gone: dict = field(default_factory=dict)        # invocation -> warps that left early
     in_flight: set = field(default_factory=set)     # (invocation, pos) of copies not landed
     left: set = field(default_factory=set)          # invocations the block has left
+    held: int = 0                                   # the streamer's polls of a raised hold
 
 
 @dataclass
@@ -350,7 +374,8 @@ class RingModel:
                  empty_parity_off_by_one: bool = False, no_reinit: bool = False,
                  no_drain: bool = False, streamer_ignores_ready: bool = False,
                  silent_failure: bool = False, empty_count_per_warp: bool = False,
-                 no_issued_word: bool = False, reader_arrives_for_all: bool = False):
+                 no_issued_word: bool = False, reader_arrives_for_all: bool = False,
+                 hold_at_entry: bool = False, hold_unbounded: bool = False):
         self.invocations = list(invocations)
         for inv in self.invocations:
             if not 0 <= inv.ring <= MAX_RING:
@@ -372,12 +397,16 @@ class RingModel:
         self.empty_count = WARPS if empty_count_per_warp else READERS
         self.no_issued_word = no_issued_word
         self.reader_arrives_for_all = reader_arrives_for_all
+        self.hold_at_entry = hold_at_entry
+        self.hold_unbounded = hold_unbounded
         # shared memory
         self.pages: list[Page | None] = [None] * MAX_RING
         self.full = [MBarrier() for _ in range(MAX_RING)]
         self.empty = [MBarrier() for _ in range(MAX_RING)]
         self.issued: list[int | None] = [None] * MAX_RING   # ring_issued: None for ~0
         self.ring_stop = False
+        self.hold = False          # ctl.stream_hold
+        self._arrived: dict = {}   # (invocation, instr, "entry" | "tail") -> warps arrived
         self.inited = 0            # ctl.ring_inited: barriers the last set-up initialised
         self.generation = 0        # set-ups that initialised the barriers (for rule 3)
         self.truth = RingTruth()
@@ -438,6 +467,7 @@ class RingModel:
         for i in range(inv.ring):
             self.issued[i] = None
         self.ring_stop = False
+        self.hold = False
         t = self.truth
         t.sequence[n] = inv.sequence()
         t.issued[n] = []
@@ -476,6 +506,7 @@ class RingModel:
                                              f"empty[{slot}] parity {parity}")
                 if stop:
                     break
+            yield from self._wait_hold()
             self._check_issue(n, inv, pos, stage)
             self.issued[slot] = pos
             yield PROGRESS
@@ -506,6 +537,38 @@ class RingModel:
                 yield PROGRESS
                 return True
             yield "ring_stop"
+
+    def _wait_hold(self):
+        """mk_stream_hold_wait: poll the hold while it is raised, at most HOLD_POLLS times
+        (each poll a step of its own: time passes), not past ring_stop."""
+        polls = 0
+        while self.hold:
+            if self.hold_unbounded:
+                yield "the hold lowered"
+                continue
+            if polls == HOLD_POLLS or self.ring_stop:
+                break
+            polls += 1
+            self.truth.held += 1
+            yield f"the hold lowered (poll {polls})"
+        yield PROGRESS
+
+    def _raise_hold(self, n: int, inv: Invocation, i: int) -> None:
+        """Thread 0 raises the hold for instruction i; rule 10."""
+        t = self.truth
+        for pos, (j, k) in enumerate(t.sequence[n]):
+            if j == i:
+                unread = set(owners(inv.queue[i], k)) - t.reads.get((n, pos), set())
+                _require(not unread, 10, f"invocation {n}: the hold is raised for instruction "
+                                         f"{i} while warps {sorted(unread)} have yet to read "
+                                         f"its stage {k} (position {pos})")
+        self.hold = True
+
+    def _arrive(self, n: int, i: int, where: str) -> int:
+        """A warp at instruction i's entry or past its k loop: how many have arrived."""
+        key = (n, i, where)
+        self._arrived[key] = self._arrived.get(key, 0) + 1
+        return self._arrived[key]
 
     def _wait_issued(self, slot: int, pos: int):
         """Poll issued[slot] until it is pos (returns False) or ring_stop is seen (True)."""
@@ -557,7 +620,9 @@ class RingModel:
         R = inv.ring
         pos = 0
         for i, record in enumerate(inv.queue):
-            if inv.fail is not None and inv.fail[1] == i and inv.fail[0] in (None, w):
+            tail_failure = record.hold and inv.fail == (None, i)   # stops in the tail
+            if inv.fail is not None and inv.fail[1] == i and inv.fail[0] in (None, w) and \
+                    not tail_failure:
                 raiser = 0 if inv.fail[0] is None else inv.fail[0]   # thread 0 for the role
                 if w == raiser and not self.silent_failure:
                     self.ring_stop = True
@@ -568,6 +633,9 @@ class RingModel:
             if not streamed(record, inv.ready):
                 yield PROGRESS            # the instruction's own work
                 continue
+            if record.hold and self.hold_at_entry and self._arrive(n, i, "entry") == 1:
+                self._raise_hold(n, inv, i)
+                yield PROGRESS
             arrivals = READERS if self.reader_arrives_for_all else READERS // record.readers
             for k in range(record.stages):
                 if w not in owners(record, k):
@@ -592,6 +660,21 @@ class RingModel:
                     self.empty[slot].arrive(count=arrivals)
                     yield PROGRESS
                 pos += 1
+            if record.hold and self._arrive(n, i, "tail") == WARPS:
+                # the last warp past the op's barrier stands for thread 0: it raises the hold,
+                # the tail runs (reduce, epilogue, the signal's fence), it lowers the hold
+                if not self.hold_at_entry:
+                    self._raise_hold(n, inv, i)
+                yield PROGRESS
+                if tail_failure:          # the op gave up in its tail: the hold stays raised
+                    if not self.silent_failure:
+                        self.ring_stop = True
+                    self.truth.gone[n].update(range(WARPS))
+                    yield PROGRESS
+                    return
+                yield PROGRESS
+                self.hold = False
+                yield PROGRESS
 
     def _read(self, n: int, w: int, pos: int, slot: int, stage: tuple[int, int],
               record: Record) -> None:

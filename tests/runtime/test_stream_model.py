@@ -3,7 +3,7 @@ pages and gemm_stream.cuh's cross-SM combine) driven through seeded random inter
 a few hand-written schedules: random queues (streamed and plain instructions, tensor maps
 missing from the table), ring sizes from 1 page up, several invocations in a row, failures
 of one warp or of the whole compute role; bands of 1-5 parts over several runs, failed runs
-and a small wrap limit. Every run must keep the nine rules of the model's docstring; each
+and a small wrap limit. Every run must keep the ten rules of the model's docstring; each
 misuse switch, changing one step, must be caught by the rule named."""
 import random
 from collections import Counter
@@ -29,15 +29,17 @@ def scheduler(seed: int):
 # -- the weight ring --------------------------------------------------------------------------
 def random_ring(seed: int, fail_rate: float = 0.2, **switches) -> RingModel:
     """1-4 invocations, each 1-6 instructions (70% flagged, 1-4 stages, B one of 3 tensors
-    whose map the table may lack, one or two readers per stage), a ring of 1-5 or MAX_RING
-    pages, and with `fail_rate` a failure of one warp or of the whole compute role at a
-    random instruction."""
+    whose map the table may lack, one or two readers per stage, 30% holding the streamer
+    through their tail), a ring of 1-5 or MAX_RING pages, and with `fail_rate` a failure of
+    one warp or of the whole compute role at a random instruction (in its tail, for a
+    holding one)."""
     rng = random.Random(seed)
+    holding = random.Random(-1 - seed)   # its own stream: the worlds without holds stay put
     invocations = []
     for _ in range(rng.randint(1, 4)):
         ready = tuple(rng.random() < 0.8 for _ in range(3)) + (True,) * 3
         queue = tuple(Record(rng.random() < 0.7, rng.randrange(3), rng.randint(1, 4),
-                             rng.choice((1, sm.READERS)))
+                             rng.choice((1, sm.READERS)), hold=holding.random() < 0.3)
                       for _ in range(rng.randint(1, 6)))
         fail = None
         if rng.random() < fail_rate:
@@ -202,6 +204,7 @@ def ring_rules_broken(seeds, misuse: str, **world) -> Counter:
     ("empty_count_per_warp", {4}),
     ("no_issued_word", {1}),
     ("reader_arrives_for_all", {2, 4}),   # 4: arrivals past the count jam the barrier
+    ("hold_at_entry", {10}),
 ])
 def test_each_ring_misuse_is_caught(misuse, rules):
     caught = ring_rules_broken(range(40), misuse)
@@ -213,6 +216,42 @@ def test_each_ring_misuse_is_caught(misuse, rules):
 def test_each_ring_misuse_of_the_stop_path_is_caught(misuse, rule):
     caught = ring_rules_broken(range(40), misuse, fail_rate=1.0)
     assert set(caught) == {rule} and caught[rule] >= 5, caught
+
+
+def test_a_hold_delays_copies_past_its_instruction_only():
+    """A narrow band's tail holds the streamer (stream.cuh, "The hold"): with the streamer
+    far ahead, it is held while the holding instruction's tail runs, then every stage is
+    still issued and read, in every interleaving; holds() is the device's rule."""
+    narrow = abi.FLAG_STREAM | abi.FLAG_STREAM_NARROW
+    assert sm.holds(narrow) and not sm.holds(abi.FLAG_STREAM)
+    queue = (Record(True, 0, 3, readers=2, hold=True), Record(True, 1, 5, readers=2, hold=True),
+             Record(), Record(True, 0, 2))
+    held = 0
+    for seed in range(30):
+        model = RingModel([Invocation(queue, ring=3)] * 2)
+        outcome = run_ring(model, seed)
+        assert outcome.issued == outcome.read == [10, 10]
+        assert not model.hold
+        held += model.truth.held > 0
+    assert held >= 5, held   # the streamer met a raised hold in that many interleavings
+
+
+def test_a_hold_left_raised_by_a_failure_costs_a_deadline_not_a_hang():
+    """The op gives up in a holding band's tail (the hold stays raised): the streamer's
+    bounded wait, or ring_stop, lets it go on and drain; waiting for the hold to be lowered
+    without either is a deadlock."""
+    queue = (Record(True, 0, 3, hold=True), Record(True, 1, 4))
+    failing = [Invocation(queue, ring=2, fail=(None, 0)), Invocation(queue, ring=2)]
+    for seed in range(20):
+        outcome = run_ring(RingModel(failing), seed)
+        assert outcome.stopped == [True, False] and outcome.read[1] == 7
+    outcome = RingModel(failing, silent_failure=True).run(
+        Priority("block", "warp*", "copy*", "streamer"))
+    assert outcome.read[1] == 7
+    with pytest.raises(ProtocolViolation, match="the hold lowered") as exc:
+        RingModel(failing, hold_unbounded=True).run(Priority("block", "warp*", "copy*"))
+    assert exc.value.rule == 4
+    run_ring(RingModel([Invocation(queue, ring=2)], hold_unbounded=True), 1)
 
 
 def test_the_deadlock_report_names_what_each_actor_waits_for():

@@ -512,12 +512,14 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
  * through pages 1-2 (warp w's 16 x 64 partial at page 1 + w / 4, slot w % 4), pair p of row r
  * at pair p ^ 4 (r & 7): the fragment stores and the row reads take the fewest wavefronts. */
 __device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const float (&acc)[2][8][4],
-                                                 int rows)
+                                                 int rows, bool hold)
 {
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, q = lane & 3;
     float* const mine = pages[1 + (warp >> 2)] + (warp & 3) * MK_STREAM_PART_FLOATS;
     mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */
+    if (hold && tid == 0)   /* every stage of this instruction was read: the rest can wait */
+        mk_stream_hold(mk_ctl(), 1u);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
         if (16 * mt >= rows)
@@ -637,7 +639,8 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
             mk_stream_kloop_copied<1>(in, op, pages, acc);
     }
     mk_trace_mark(MK_T_COMPUTED);
-    mk_stream_reduce(pages, acc, in.rows);
+    /* a narrow band holds the streamer from here to its signal's fence (stream.cuh) */
+    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));
     pages.release(1, 3);
     if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
