@@ -11,7 +11,11 @@ One `Memory` object owns all allocations of one executor::
      |-- device(n)   cuMemAlloc                  tensors, queues, counters, status, params
      |-- managed(n)  cuMemAllocManaged (GLOBAL)   tensors when managed=True; guarded by
      |                                            cuMemGetInfo so the GPU is never oversubscribed
-     '-- pinned(n)   cuMemHostAlloc (PORTABLE)    staging for async copies; numpy views on top
+     |-- pinned(n)   cuMemHostAlloc (PORTABLE)    staging for async copies; numpy views on top
+     |-- mapped(n)   cuMemHostAlloc (DEVICEMAP)   what a kernel and the host both read and write
+     '-- mapped_owned(n)  a numpy array, cuMemHostRegister (DEVICEMAP): as mapped(), but the
+                     memory is Python's: a view of it stays valid after close() (the executor's
+                     host view, which done() may read while another thread closes)
 
 `close()` (or garbage collection, through `weakref.finalize`) frees everything with the
 owning context pushed, then releases the retained primary context.
@@ -102,8 +106,32 @@ class MappedBuffer(PinnedBuffer):
         self.device_ptr = device_ptr
 
 
-def _release(drv, live: dict, ctx, cu_dev) -> list[str]:
-    """Free every live allocation with `ctx` pushed; release the retained primary context.
+class OwnedMappedBuffer(MappedBuffer):
+    """Mapped memory that Python owns: ``owner`` is the numpy array registered with the
+    driver, and every view ``array()`` hands out is a view of it, so it lives as long as any
+    of them. Once the Memory closes the registration is gone (the device no longer writes
+    it) but a view still reads the bytes it last held, never freed memory."""
+    __slots__ = ("owner",)
+
+    def __init__(self, owner: np.ndarray, nbytes: int, name: str, device_ptr: int):
+        super().__init__(int(owner.ctypes.data), nbytes, name, device_ptr)
+        self.owner = owner
+
+    def array(self, dtype, shape) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if need > self.nbytes:
+            raise MegakernelError(f"mapped buffer {self.name!r}: a {shape} {dtype} view needs "
+                                  f"{need} B, the buffer has {self.nbytes} B")
+        return self.owner[:need].view(dtype).reshape(shape)
+
+
+_HOST_PAGE = 4096                  # cuMemHostRegister's unit: whole pages, page-aligned
+
+
+def _release(drv, live: dict, owners: dict, ctx, cu_dev) -> list[str]:
+    """Free every live allocation with `ctx` pushed (unregister the registered ones, whose
+    numpy owners `owners` keeps alive until then); release the retained primary context.
 
     Module-level (not a method) so the finalizer holds no reference to the Memory object;
     `drv` is the bindings module the memory came from. Returns the failures instead of
@@ -112,11 +140,15 @@ def _release(drv, live: dict, ctx, cu_dev) -> list[str]:
     failures = []
     pushed = result_ok(drv.cuCtxPushCurrent(ctx))
     for ptr, (kind, name, _size) in list(live.items()):
-        ret = drv.cuMemFreeHost(ptr) if kind == "pinned" else drv.cuMemFree(ptr)
+        if kind == "registered":
+            ret = drv.cuMemHostUnregister(ptr)
+        else:
+            ret = drv.cuMemFreeHost(ptr) if kind == "pinned" else drv.cuMemFree(ptr)
         if not result_ok(ret):
             err = ret[0] if isinstance(ret, tuple) else ret
             failures.append(f"{kind} buffer {name!r} at {ptr:#x}: {getattr(err, 'name', err)}")
     live.clear()
+    owners.clear()
     if pushed:
         drv.cuCtxPopCurrent()
     drv.cuDevicePrimaryCtxRelease(cu_dev)
@@ -138,8 +170,10 @@ class Memory:
         self._cu_dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
         self._ctx = check(drv.cuDevicePrimaryCtxRetain(self._cu_dev), "cuDevicePrimaryCtxRetain")
         self._live: dict[int, tuple[str, str, int]] = {}  # ptr -> (kind, name, bytes)
+        self._owners: dict[int, np.ndarray] = {}          # ptr -> a registered array
         # armed right after the retain, so that nothing below can leak the context
-        self._finalizer = weakref.finalize(self, _release, drv, self._live, self._ctx,
+        self._finalizer = weakref.finalize(self, _release, drv, self._live, self._owners,
+                                           self._ctx,
                                            self._cu_dev)
         self._ctx_int = int(self._ctx)
         current = check(drv.cuCtxGetCurrent(), "cuCtxGetCurrent")
@@ -172,7 +206,7 @@ class Memory:
         """Bytes currently allocated, per kind (for tests and leak checks)."""
         out = {"device": 0, "managed": 0, "pinned": 0}
         for kind, _name, size in self._live.values():
-            out[kind] += size
+            out["pinned" if kind == "registered" else kind] += size
         return out
 
     @property
@@ -255,6 +289,23 @@ class Memory:
         dev = int(check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))
         return MappedBuffer(ptr, int(nbytes), name, dev)
 
+    def mapped_owned(self, nbytes: int, name: str = "") -> OwnedMappedBuffer:
+        """As mapped(), in a zeroed numpy array page-locked and mapped with
+        cuMemHostRegister: close() unregisters it and its views stay readable."""
+        self._check_open()
+        drv = self._drv
+        size = -(-max(int(nbytes), 1) // _HOST_PAGE) * _HOST_PAGE
+        raw = np.zeros(size + _HOST_PAGE, dtype=np.uint8)
+        skip = (-int(raw.ctypes.data)) % _HOST_PAGE
+        owner = raw[skip:skip + size]
+        ptr = int(owner.ctypes.data)
+        flags = drv.CU_MEMHOSTREGISTER_PORTABLE | drv.CU_MEMHOSTREGISTER_DEVICEMAP
+        check(drv.cuMemHostRegister(ptr, size, flags), "cuMemHostRegister(DEVICEMAP)")
+        self._live[ptr] = ("registered", name, size)
+        self._owners[ptr] = owner
+        dev = int(check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))
+        return OwnedMappedBuffer(owner, int(nbytes), name, dev)
+
     def abandon(self) -> None:
         """Give up on freeing anything (work that uses it may still be running on a stuck
         device, and cuMemFree would wait for it). The memory leaks until the process exits."""
@@ -266,7 +317,10 @@ class Memory:
         entry = self._live.pop(buf.ptr, None)
         if entry is None:
             return
-        if entry[0] == "pinned":
+        if entry[0] == "registered":
+            check(drv.cuMemHostUnregister(buf.ptr), "cuMemHostUnregister")
+            self._owners.pop(buf.ptr, None)
+        elif entry[0] == "pinned":
             check(drv.cuMemFreeHost(buf.ptr), "cuMemFreeHost")
         else:
             check(drv.cuMemFree(buf.ptr), "cuMemFree")

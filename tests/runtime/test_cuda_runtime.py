@@ -283,6 +283,42 @@ def test_close_frees_everything():
     ex.close()  # idempotent
 
 
+@pytest.mark.gpu
+def test_a_host_view_read_while_another_thread_closes_reads_live_memory():
+    """done() reads the mapped host view without the executor's lock: a reader that took the
+    view just before close() (which swaps in a host copy, then frees) must still read memory
+    that is there, and see every launch finished. The view's memory is Python's (registered
+    with the driver), so it outlives the close; and a thread polling done() while close()
+    runs never faults."""
+    import threading
+    from megak.runtime.executor import CudaExecutor
+    x = np.ones((4, 4), dtype=np.float32)
+    for _ in range(20):
+        ex = CudaExecutor(handoff_plan())
+        ex.run({0: x}, [0])
+        ex.launch({0: x}, [0])              # in flight as the close begins
+        held = ex._host                     # what a done() racing the close may hold
+        started, stop = threading.Event(), threading.Event()
+        polls = []
+
+        def poll():
+            while True:              # the last poll comes after the close
+                last = stop.is_set()
+                polls.append(ex.done(ex._ticket))
+                started.set()
+                if last:
+                    return
+
+        t = threading.Thread(target=poll)
+        t.start()
+        started.wait(10)
+        ex.close()
+        stop.set()
+        t.join()
+        assert polls and polls[-1]
+        assert held.done(ex._ticket) and held.view["ticket_done"] == ex._ticket
+
+
 # -- the executor's host logic against a fake driver (no GPU) -----------------------------------
 #
 # "Device memory" is host memory here and the "kernel" runs NOP queues with the epoch rule of
@@ -334,6 +370,11 @@ class _FakeGpu:
                 return fake.ok
             def cuMemFree(self, p): del fake.mem[int(p)]; return fake.ok
             def cuMemFreeHost(self, p): del fake.mem[int(p)]; return fake.ok
+            def cuMemHostRegister(self, p, n, f):
+                assert int(p) % 4096 == 0 and n % 4096 == 0
+                fake.mem[int(p)] = ("registered", n)
+                return fake.ok
+            def cuMemHostUnregister(self, p): del fake.mem[int(p)]; return fake.ok
             def cuMemcpyHtoDAsync(self, d, s, n, h): fake.move(d, s, n); return fake.ok
             def cuMemcpyDtoHAsync(self, d, s, n, h): fake.move(d, s, n); return fake.ok
             def cuMemsetD32Async(self, d, v, n, h):
