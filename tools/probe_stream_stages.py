@@ -26,8 +26,9 @@ at most F copies in flight; `flagcombine`, a band's parts meet through stamped p
 instead of the combine counter (see _COMBINE_FLAGGED); `noA`, no A staging: the MMAs read
 stale A; `Arot`, A's k slices in an order rotated by the SM; `nodeps`, no dependency wait before a
 streamed instruction; `nofence`, no release fence; `relfirst`, the signal's pages handed back
-before its fence; `nohold`, the streamer ignores a narrow band's hold; all but `cap`,
-`flagcombine`, `relfirst` and `nohold` give wrong results, timing only), each
+before its fence; `nohold`, the streamer ignores a narrow band's hold; `holdall`, every
+streamed instruction holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
+`holdall` give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
@@ -59,12 +60,16 @@ NMARK = 16   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot],\n"
 
 
+_STREAMER_HOLD = '                mk_stream_hold_wait(ctl);   /* stream.cuh, "The hold" */\n'
+
+
 def cap(f):
-    """The streamer keeps at most f copies in flight: it issues stage pos once pos - f landed."""
-    return [(_STREAMER_ISSUE,
+    """The streamer keeps at most f copies in flight: it issues stage pos once pos - f landed
+    (waited for before the hold's wait, so that the issue mark follows both)."""
+    return [(_STREAMER_HOLD,
              f"                if (pos >= {f}u) {{ const mk_u32 j = pos - {f}u;\n"
              f"                    while (!mk_mbar_try_wait(&ctl.ring_full[j % R], (j / R) & 1u)) {{}} }}\n"
-             + _STREAMER_ISSUE)]
+             + _STREAMER_HOLD)]
 
 
 _NO_A = [("""        if (live)
@@ -170,14 +175,20 @@ _FLAG_COMBINE = [(_COMBINE_AS_BUILT, _COMBINE_FLAGGED)]
 
 # Without the hold (stream.cuh, "The hold"): a narrow band still raises it, the streamer
 # ignores it, so copies keep coming while the band's signal fences. Results as built.
-_NO_HOLD = [('                mk_stream_hold_wait(ctl);   /* stream.cuh, "The hold" */\n', "")]
+_NO_HOLD = [(_STREAMER_HOLD, "")]
+
+# Every streamed instruction holds the streamer through its tail, not only a narrow band: for
+# the wide bands (batch 17-64, 8192 x 8, 1024 x 16) whether the fence's saving outweighs the
+# copies held back. Results as built.
+_HOLD_ALL = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));",
+              "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);")]
 
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
-            "nohold": _NO_HOLD}
+            "nohold": _NO_HOLD, "holdall": _HOLD_ALL}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
@@ -255,7 +266,8 @@ MARKS = [
 def patched(src, variant, marked):
     """The plain build of "asbuilt" is the device source unchanged (its cubin is the one the
     runtime caches)."""
-    for a, b in VARIANTS[variant] + (MARKS if marked else []):
+    for a, b in (MARKS if marked else []) + VARIANTS[variant]:   # marks first: a variant
+                                                                  # may change marked text
         n = src.count(a)
         assert n == 1, (a, n)
         src = src.replace(a, b)
