@@ -20,7 +20,11 @@
 #             words, A chunks) with 0-10 bulk copies in flight per SM  -> fence.log, fence.json
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
-# non-zero when any step failed. NVRTC builds are cached under $XDG_CACHE_HOME (default
+# non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
+# $OUT is packed to the 8 files a GPU machine gives back: the report's JSON, chart and
+# RESULTS.md, then the step logs, in that order, and everything else in rest.tar.gz (the
+# sanitizer's per-tool logs, probe builds). Give the steps room: the tier alone takes ~250 s
+# while other builds share the cores. NVRTC builds are cached under $XDG_CACHE_HOME (default
 # ./scratch/cache, so a cache filled on the CPU machine travels with the working tree; it
 # hits there only where the two NVRTC versions match: the key holds the version).
 set -uo pipefail
@@ -28,6 +32,28 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-$PWD/gpu-checks}
 mkdir -p "$OUT"
+# What a GPU machine gives back: at most 8 files. Keeps the 7 that matter most where they
+# are and puts every other file under $OUT into rest.tar.gz.
+pack_out() {
+    (
+        cd "$OUT" || exit 0
+        mapfile -t all < <(find . -type f ! -name rest.tar.gz | sed 's|^\./||' | sort)
+        [ ${#all[@]} -le 8 ] && exit 0
+        keep=()
+        for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
+                 sanitize.log report.log probes.log callpath.log fence.log fence.json; do
+            [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
+        done
+        rest=()
+        for f in "${all[@]}"; do
+            [[ " ${keep[*]} " == *" $f "* ]] || rest+=("$f")
+        done
+        tar czf rest.tar.gz "${rest[@]}" && rm -f "${rest[@]}"
+        find . -mindepth 1 -type d -empty -delete
+    )
+}
+trap 'pack_out; exit 124' TERM
+
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
         2>/dev/null
@@ -113,6 +139,7 @@ while [ $i -lt ${#steps[@]} ]; do
     esac
     [ "$rc" -ne 0 ] && failed+=("$step")
 done
+pack_out
 if [ ${#failed[@]} -gt 0 ]; then
     echo "gpu_checks: FAILED: ${failed[*]} (logs in $OUT)"
     exit 1
