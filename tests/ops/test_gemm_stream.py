@@ -374,6 +374,19 @@ def _phase_groups(addrs):
     return {(a // 16) % 8 for a in addrs}
 
 
+def _assert_b_fragments(page, box, addr, k16, j):
+    """The ldmatrix.x4.trans of k16 step `k16`, columns 16 j.., at the lanes' byte addresses
+    `addr` in `page` (bf16 pairs as uint32 words): each phase reads 8 bank groups, and matrix
+    i (lanes 8i..8i+7) reads rows k = 16 k16 + 8 (i % 2) + (0..7), columns 8 (2 j + i // 2) +
+    (0..7) of `box`; .trans gives lane (g, q) (M[2q][g], M[2q+1][g])."""
+    for ph in range(4):
+        assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
+    for i in range(4):
+        rows = [page[a // 2:a // 2 + 8] for a in addr[8 * i:8 * i + 8]]
+        k0, c0 = 16 * k16 + 8 * (i % 2), 8 * (2 * j + i // 2)
+        assert (np.array(rows) == box[k0:k0 + 8, c0:c0 + 8]).all()
+
+
 def test_box_swizzle_and_fragments():
     # the TMA's 128-B swizzle: k-row r's 16-B chunk c at byte 128 r + 16 (c ^ (r % 8)); the
     # op's ldmatrix.x4.trans addresses read back B's m16n8k16 fragments, conflict-free
@@ -388,15 +401,7 @@ def test_box_swizzle_and_fragments():
         b_row = 16 * w + (lanes & 7) + ((lanes >> 3) & 1) * 8   # in turn with it)
         for j in range(4):
             chunk = 2 * j + (lanes >> 4)
-            addr = 128 * b_row + 16 * (chunk ^ (b_row & 7))
-            for ph in range(4):
-                assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
-            # matrix i = lanes 8i..8i+7: rows k = 16 w + 8 (i % 2) + (0..7), columns
-            # 8 (2 j + i // 2) + (0..7); .trans gives lane (g, q) (M[2q][g], M[2q+1][g])
-            for i in range(4):
-                rows = [page[a // 2:a // 2 + 8] for a in addr[8 * i:8 * i + 8]]
-                k0, c0 = 16 * w + 8 * (i % 2), 8 * (2 * j + i // 2)
-                assert (np.array(rows) == box[k0:k0 + 8, c0:c0 + 8]).all()
+            _assert_b_fragments(page, box, 128 * b_row + 16 * (chunk ^ (b_row & 7)), w, j)
 
 
 def test_a_chunk_layout_is_conflict_free_and_one_to_one():
@@ -440,13 +445,7 @@ def test_narrow_box_swizzle_and_fragments():
         b_row = 16 * ks + (lanes & 7) + ((lanes >> 3) & 1) * 8
         for j in range(2):
             chunk = 2 * j + (lanes >> 4)
-            addr = 64 * b_row + 16 * (chunk ^ ((b_row >> 1) & 3))
-            for ph in range(4):
-                assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
-            for i in range(4):
-                rows = [page[a // 2:a // 2 + 8] for a in addr[8 * i:8 * i + 8]]
-                k0, c0 = 16 * ks + 8 * (i % 2), 8 * (2 * j + i // 2)
-                assert (np.array(rows) == box[k0:k0 + 8, c0:c0 + 8]).all()
+            _assert_b_fragments(page, box, 64 * b_row + 16 * (chunk ^ ((b_row >> 1) & 3)), ks, j)
 
 
 def test_a_slot_layout_is_conflict_free():
