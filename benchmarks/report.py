@@ -452,6 +452,9 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
     if quick:
         out += ["> **Quick smoke run** (`--quick`): tiny rep counts and only the smaller "
                 "workloads. Not figures to cite.", ""]
+    if doc.get("partial"):
+        not_run = ", ".join(doc["partial"].get("not_run", [])) or "none"
+        out += [f"> **Partial run**: stopped before its end; not run: {not_run}.", ""]
     out += [f"Measured {doc['date']}" + (f" ({doc['timestamp']})" if doc.get("timestamp") else "")
             + (f" by `{doc['command']}`" if doc.get("command") else "")
             + (f"; raw results: `results/{json_name}`" if json_name else "") + ".", ""]
@@ -599,6 +602,15 @@ def output_paths(out_dir: Path, gpu: str, date: str, quick: bool) -> dict[str, P
             "md": out_dir / ("RESULTS-quick.md" if quick else "RESULTS.md")}
 
 
+def partial_path(out_dir: Path, gpu: str, quick: bool) -> Path:
+    """Where a run keeps its results so far, rewritten after each workload and removed once
+    the full results are written: a run stopped early (a lease's limit, a timeout) still
+    leaves every workload it finished, marked "partial" with the ones it did not run. Never
+    picked by --render-only's default; RESULTS.md is rendered from a complete run."""
+    return out_dir / "results" / (f"{gpu_slug(gpu)}" + ("-quick" if quick else "")
+                                  + ".partial.json")
+
+
 def latest_audit(results_dir: Path) -> tuple[Path | None, str | None]:
     """The newest audit-*.json (by date in the name) and its markdown table."""
     from . import audit
@@ -646,7 +658,8 @@ def render_only(out_dir: Path, source: str | None) -> int:
         path = Path(source)
     else:
         found = sorted((p for p in results.glob("*.json")
-                        if not p.name.startswith("audit-") and not p.stem.endswith("-quick")),
+                        if not p.name.startswith("audit-") and not p.stem.endswith("-quick")
+                        and not p.name.endswith(".partial.json")),
                        key=lambda p: p.stat().st_mtime)
         if not found:
             print(f"benchmarks.report: no results JSON in {results}", file=sys.stderr)
@@ -1249,7 +1262,28 @@ def main(argv: list[str] | None = None) -> int:
           + (" (quick)" if args.quick else ""), flush=True)
 
     results, failures, notes, descriptions = [], [], {}, {}
-    for name in names:
+
+    def document() -> dict:
+        now = _dt.datetime.now(_dt.timezone.utc)
+        return {
+            "machine": machine,
+            "date": now.date().isoformat(),
+            "timestamp": now.isoformat(timespec="seconds"),
+            "command": "python -m benchmarks.report" + (" " + " ".join(argv or sys.argv[1:])
+                                                        if (argv or sys.argv[1:]) else ""),
+            "quick": bool(args.quick),
+            "seed": seed,
+            "results": results,
+            "failures": failures,
+            "skipped": skipped,
+            "not_yet_available": dict(W.NOT_YET_AVAILABLE),
+            "descriptions": descriptions,
+            "notes": notes,
+            "elapsed_s": round(time.monotonic() - t_start, 1),
+        }
+
+    partial = partial_path(out_dir, machine["gpu"], bool(args.quick))
+    for done, name in enumerate(names):
         w = W.get(name)
         descriptions[w.name] = w.description
         t0 = time.monotonic()
@@ -1276,6 +1310,8 @@ def main(argv: list[str] | None = None) -> int:
         if n:
             notes[w.name] = n
         print(f"  ({time.monotonic() - t0:.1f} s)", flush=True)
+        # what a run stopped before its end leaves (a lease's limit, a timeout)
+        write_json(document() | {"partial": {"not_run": names[done + 1:]}}, partial)
 
     hop_figures = None
     if "W1" in names:   # W1's floor, measured beside it (benchmarks/hop.py)
@@ -1288,28 +1324,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             failures.append({"workload": "hop", "variant": "megak", "error": _error(exc)})
 
-    now = _dt.datetime.now(_dt.timezone.utc)
-    doc = {
-        "machine": machine,
-        "date": now.date().isoformat(),
-        "timestamp": now.isoformat(timespec="seconds"),
-        "command": "python -m benchmarks.report" + (" " + " ".join(argv or sys.argv[1:])
-                                                    if (argv or sys.argv[1:]) else ""),
-        "quick": bool(args.quick),
-        "seed": seed,
-        "results": results,
-        "failures": failures,
-        "skipped": skipped,
-        "not_yet_available": dict(W.NOT_YET_AVAILABLE),
-        "descriptions": descriptions,
-        "notes": notes,
-        "elapsed_s": round(time.monotonic() - t_start, 1),
-    }
+    doc = document()
     if hop_figures is not None:
         doc["hop"] = hop_figures
     if args.baseline:
         doc["baseline"] = load_baseline(Path(args.baseline))
     paths = write_outputs(doc, out_dir)
+    partial.unlink(missing_ok=True)
     for kind, p in paths.items():
         print(f"wrote {p}")
     print(f"{len(results)} results, {len(failures)} failures, "

@@ -924,6 +924,45 @@ def test_flow_skips_timing_megak_when_its_run_is_wrong(rng, monkeypatch):
                       "error": "prog.run before timing: CheckError: wrong"}]
 
 
+def test_a_run_stopped_early_leaves_what_it_measured(monkeypatch, tmp_path, capsys):
+    """After each workload the results so far go to <gpu>.partial.json, marked partial with
+    the workloads not run; a run that ends replaces it with the full results. The default
+    --render-only never picks a partial file."""
+    import functools
+
+    import megak.runtime.driver as driver
+    monkeypatch.setattr(driver, "gpu_usable", lambda: True)
+    monkeypatch.setattr(R, "machine_info", lambda torch_env=None: {"gpu": "Fake GPU 1"})
+    monkeypatch.setattr(R, "TorchEnv", lambda: (_ for _ in ()).throw(ImportError("no torch")))
+    measured = functools.partial(R.run_gpu_workload, backend="sim", bench_cls=SimBench)
+
+    def stopped_at_the_second(w, *args, **kwargs):
+        if w.name != "W2-64x2-fp32":
+            return measured(w, *args, **kwargs)
+        raise KeyboardInterrupt   # what a lease's limit does to the process, as far as it goes
+    monkeypatch.setattr(R, "run_gpu_workload", stopped_at_the_second)
+    monkeypatch.setattr(W, "FACTORIES", {"W2-16x2-fp32": lambda: W.w2(16, 2),
+                                         "W2-1024x16-fp32": lambda: W.w2(64, 2),
+                                         "W5-1GiB": lambda: W.w2(16, 1)})
+    argv = ["--quick", "--only", "W2-16x2-fp32", "W2-1024x16-fp32", "W5-1GiB",
+            "--out-dir", str(tmp_path), "--seed", "5"]
+    with pytest.raises(KeyboardInterrupt):
+        R.main(argv)
+    results = tmp_path / "results"
+    (partial,) = results.glob("*.json")
+    assert partial.name == "fake-gpu-1-quick.partial.json"
+    doc = json.loads(partial.read_text())
+    R.validate_doc(doc)
+    assert doc["partial"] == {"not_run": ["W2-1024x16-fp32", "W5-1GiB"]}
+    assert {r["workload"] for r in doc["results"]} == {"W2-16x2-fp32"}
+    assert "**Partial run**" in R.render_markdown(doc, None)
+    assert R.render_only(tmp_path, None) == 2     # no complete run to render
+    monkeypatch.setattr(R, "run_gpu_workload", measured)
+    assert R.main(argv) == 0, capsys.readouterr()
+    (full,) = results.glob("*.json")
+    assert full.name.endswith("-quick.json") and "partial" not in json.loads(full.read_text())
+
+
 def test_main_end_to_end_on_the_simulator(monkeypatch, tmp_path, capsys):
     """main() as on the GPU, with the simulator behind a stand-in Bench and no torch."""
     import functools
