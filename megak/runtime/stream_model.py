@@ -42,11 +42,11 @@ serves many requests; each invocation has its own queue and ring size R = stream
             as when the loader reports an error for the instruction.
   hold      (stream.cuh, "The hold") a record with `hold` (a narrow band): once every warp is
             done with its stages (the op's barrier), thread 0 raises stream_hold; after the
-            instruction's signal fence it lowers it. The streamer, before each copy, polls
-            the word while it is raised, at most HOLD_POLLS times (the device's
-            MK_STREAM_HOLD_NS) and not past ring_stop, after its empty wait. A failure of the whole role injected
-            at a holding instruction stops in its tail, with the hold raised (the device's
-            op that gives up after its k loop).
+            instruction's signal fence it lowers it. The streamer, after its empty wait and
+            before each copy, polls the word while it is raised, at most HOLD_POLLS times
+            (the device's MK_STREAM_HOLD_NS) and not past ring_stop. A failure of the whole
+            role injected at a holding instruction stops in its tail, with the hold raised
+            (the device's op that gives up after its k loop).
   block     thread 0: before each invocation, once every role of the previous one has
             passed the join barrier, invalidates the ring barriers the previous set-up
             initialised, initialises this invocation's R pairs, sets every issued word to
