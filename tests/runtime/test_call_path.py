@@ -352,3 +352,21 @@ def test_fresh_tensors_every_call_are_not_kept_alive(gen):
         gc.collect()
         assert all(r() is None for r in refs), "a cached call kept a tensor alive"
         assert not prog._calls
+
+
+def test_the_call_workloads_back_to_back_on_the_streamed_chain():
+    """benchmarks.report's W7 workloads in one process, every megak variant: the copy, then
+    the 16-layer bf16 chain of the weight stream (wide bands; each SM's two instructions take
+    all of its allocator pages), run, bound, launched back to back and served by a resident
+    kernel, every output checked against float64. Why it is here: with every streamed
+    instruction holding the streamer (branch hold-all) these calls failed with
+    MK_ERR_PAGE_LEAK in most runs, and no other test failed (benchmarks/ANALYSIS.md)."""
+    from benchmarks import report, workloads
+    env = report.TorchEnv()
+    rng = np.random.default_rng()
+    megak_variants = {v for v in workloads.CALL_VARIANTS if v.startswith("megak")}
+    for name in ("W7-call-copy", "W7-call-mlp1024"):
+        results, failures, _ = report.run_call_workload(workloads.get(name), False, env, rng,
+                                                        log=lambda *a: None)
+        assert not failures, failures
+        assert {r["variant"] for r in results} >= megak_variants, (name, results)
