@@ -827,7 +827,14 @@ class TorchEnv:
 
 
 def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".strip()
+    """The exception in one line; a megakernel error with its status record's numbers, which
+    its message leaves out for most codes (MK_ERR_PAGE_LEAK's pages needed and free)."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    rec = getattr(exc, "record", None)
+    if isinstance(rec, dict) and rec.get("error"):
+        text += (f" [status record: counter {rec.get('counter', 0)}, expected "
+                 f"{rec.get('expected', 0)}, observed {rec.get('observed', 0)}]")
+    return text
 
 
 def _reps(w, variant: str, quick: bool) -> tuple[int, int]:

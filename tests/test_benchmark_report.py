@@ -1382,3 +1382,15 @@ def test_main_runs_the_call_path_and_skips_it_without_torch(monkeypatch, tmp_pat
     md = (tmp_path / "RESULTS-quick.md").read_text()
     assert "- W7-call-copy / megak_run: torch unavailable: ImportError" in md
     assert "| W7-call-copy | <= 15 us | skipped (see Not measured) |" in md
+
+
+def test_a_failure_names_the_status_records_numbers():
+    """A megakernel error's record goes into the failure's text (MK_ERR_PAGE_LEAK's message
+    names neither the pages needed nor those free); other exceptions are as they were."""
+    from megak.errors import MegakernelError
+    exc = MegakernelError("cuda: MK_ERR_PAGE_LEAK on SM 3, queue index 1",
+                          {"error": 9, "counter": 0, "expected": 3, "observed": 1})
+    assert R._error(exc) == ("MegakernelError: cuda: MK_ERR_PAGE_LEAK on SM 3, queue "
+                                  "index 1 [status record: counter 0, expected 3, observed 1]")
+    assert R._error(MegakernelError("no record")) == "MegakernelError: no record"
+    assert R._error(ValueError("x")) == "ValueError: x"
