@@ -2,6 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
+#                       [pageleak]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -18,6 +19,8 @@
 #             (the W7 workloads)                                               -> callpath.log
 #   fence     tools/probe_fence_load.py: a gpu-scope publish (fences, a counter hop, stamped
 #             words, A chunks) with 0-10 bulk copies in flight per SM  -> fence.log, fence.json
+#   pageleak  tools/probe_page_leak.py --rounds 3: the W7 workloads, with what each SM holds
+#             when its loader reports MK_ERR_PAGE_LEAK                    -> pageleak.log
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
@@ -41,7 +44,8 @@ pack_out() {
         [ ${#all[@]} -le 8 ] && exit 0
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
-                 sanitize.log report.log probes.log callpath.log fence.log fence.json; do
+                 sanitize.log report.log probes.log callpath.log fence.log fence.json \
+                 pageleak.log; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -131,9 +135,14 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             tail -n 3 "$OUT/fence.log"
             ;;
+        pageleak)
+            timeout 300 python3 tools/probe_page_leak.py --rounds 3 > "$OUT/pageleak.log" 2>&1
+            rc=$?
+            tail -n 3 "$OUT/pageleak.log"
+            ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence)"
+                 "callpath, fence, pageleak)"
             rc=2
             ;;
     esac
