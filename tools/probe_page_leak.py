@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import megak   # noqa: E402
 from megak.runtime import compiler   # noqa: E402
+from probe_stream_stages import module_global   # tools/, beside this file  # noqa: E402
 
 NSM, NFIELD = 132, 16
 FIELDS = ("q+1", "need", "free", "free_later", "prev_pages", "prev_released", "prev_page_table",
@@ -82,14 +83,7 @@ _ORIGINAL = compiler.device_source
 
 def records_of(prog) -> list[dict]:
     """The leak records of prog's module (every SM that reported one), then cleared."""
-    from megak.runtime.driver import _bindings
-    from megak.runtime.executor import kernel_handles
-    drv = _bindings()
-    _, code, _, _ = prog._executor._variant(False)
-    _, func = kernel_handles(code.get_kernel("megakernel"))
-    _, mod = drv.cuFuncGetModule(func)
-    err, dptr, _ = drv.cuModuleGetGlobal(mod, b"mkp_leak")
-    assert int(err) == 0, err
+    drv, dptr = module_global(prog, b"mkp_leak")
     host = np.zeros(NSM * NFIELD, dtype=np.uint64)
     drv.cuCtxSynchronize()
     drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)

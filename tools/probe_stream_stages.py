@@ -298,15 +298,22 @@ def compile_parts(g, hidden, parts):
         gemm.stream_split = rule
 
 
-def marks_of(prog):
+def module_global(prog, name: bytes):
+    """(driver bindings, device address) of the __device__ variable `name` in the module of
+    prog's megakernel (its resident entry shares the module)."""
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
     drv = _bindings()
     _, code, _, _ = prog._executor._variant(False)
     _, func = kernel_handles(code.get_kernel("megakernel"))
     _, mod = drv.cuFuncGetModule(func)
-    err, dptr, size = drv.cuModuleGetGlobal(mod, b"mk_probe_st")
+    err, dptr, _ = drv.cuModuleGetGlobal(mod, name)
     assert int(err) == 0, err
+    return drv, dptr
+
+
+def marks_of(prog):
+    drv, dptr = module_global(prog, b"mk_probe_st")
     host = np.zeros(132 * MAXPOS * NMARK, dtype=np.uint64)
     drv.cuCtxSynchronize()
     drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)
