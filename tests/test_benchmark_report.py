@@ -1391,6 +1391,6 @@ def test_a_failure_names_the_status_records_numbers():
     exc = MegakernelError("cuda: MK_ERR_PAGE_LEAK on SM 3, queue index 1",
                           {"error": 9, "counter": 0, "expected": 3, "observed": 1})
     assert R._error(exc) == ("MegakernelError: cuda: MK_ERR_PAGE_LEAK on SM 3, queue "
-                                  "index 1 [status record: counter 0, expected 3, observed 1]")
+                             "index 1 [status record: counter 0, expected 3, observed 1]")
     assert R._error(MegakernelError("no record")) == "MegakernelError: no record"
     assert R._error(ValueError("x")) == "ValueError: x"
