@@ -46,3 +46,11 @@ def test_every_stream_loop_cut_applies(source):
 def test_every_request_mark_applies(source):
     probe = importlib.import_module("probe_request_marks")
     assert "mk_probe_marks" in probe.patch(source)
+
+
+def test_the_page_leak_records_apply(source):
+    probe = importlib.import_module("probe_page_leak")
+    for marks in (False, True):
+        out = probe.patched(source, marks)   # asserts every anchor matches once
+        assert "mkp_leak[" in out and "mkp_late[" in out
+        assert ("mkp_m[3] = mk_globaltimer();" in out) == marks
