@@ -456,9 +456,8 @@ class CudaExecutor:
         # what the device tells the host, in mapped pinned memory: no copy, no stream sync;
         # memory Python owns, so that a done() racing close() in another thread reads memory
         # that is still there (close() swaps in a host copy, then unregisters this)
-        self._host_view_buf = m.mapped_owned(abi.HOST_VIEW_DTYPE.itemsize, "host view")
-        self._host_sm_buf = m.mapped_owned(plan.n_sm * abi.SM_STATE_DTYPE.itemsize,
-                                           "host sm_state")
+        self._host_view_buf = m.mapped(abi.HOST_VIEW_DTYPE.itemsize, "host view")
+        self._host_sm_buf = m.mapped(plan.n_sm * abi.SM_STATE_DTYPE.itemsize, "host sm_state")
         self._host = HostView(self._host_view_buf.array(abi.HOST_VIEW_DTYPE, (1,)),
                               self._host_sm_buf.array(abi.SM_STATE_DTYPE, (plan.n_sm,)))
         self._params_host_buf = m.pinned(abi.PARAMS_DTYPE.itemsize, "params (host)")

@@ -12,10 +12,10 @@ One `Memory` object owns all allocations of one executor::
      |-- managed(n)  cuMemAllocManaged (GLOBAL)   tensors when managed=True; guarded by
      |                                            cuMemGetInfo so the GPU is never oversubscribed
      |-- pinned(n)   cuMemHostAlloc (PORTABLE)    staging for async copies; numpy views on top
-     |-- mapped(n)   cuMemHostAlloc (DEVICEMAP)   what a kernel and the host both read and write
-     '-- mapped_owned(n)  a numpy array, cuMemHostRegister (DEVICEMAP): as mapped(), but the
-                     memory is Python's: a view of it stays valid after close() (the executor's
-                     host view, which done() may read while another thread closes)
+     '-- mapped(n)   a numpy array, cuMemHostRegister (DEVICEMAP): what a kernel and the host
+                     both read and write; the memory is Python's, so a view of it stays valid
+                     after close() (the executor's host view, which done() may read while
+                     another thread closes; the resident kernel's request ring and view)
 
 `close()` (or garbage collection, through `weakref.finalize`) frees everything with the
 owning context pushed, then releases the retained primary context.
@@ -85,44 +85,38 @@ class PinnedBuffer:
         self.nbytes = nbytes
         self.name = name
 
-    def array(self, dtype, shape) -> np.ndarray:
-        dtype = np.dtype(dtype)
+    def _view_bytes(self, dtype: np.dtype, shape) -> int:
         need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if need > self.nbytes:
-            raise MegakernelError(f"pinned buffer {self.name!r}: a {shape} {dtype} view needs "
-                                  f"{need} B, the buffer has {self.nbytes} B")
+            raise MegakernelError(f"{type(self).__name__} {self.name!r}: a {shape} {dtype} view "
+                                  f"needs {need} B, the buffer has {self.nbytes} B")
+        return need
+
+    def array(self, dtype, shape) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        self._view_bytes(dtype, shape)
         return host_array(self.ptr, dtype, shape)
 
     def __repr__(self) -> str:
-        return f"PinnedBuffer({self.name!r}, {self.nbytes} B at {self.ptr:#x})"
+        return f"{type(self).__name__}({self.name!r}, {self.nbytes} B at {self.ptr:#x})"
 
 
 class MappedBuffer(PinnedBuffer):
-    """Mapped pinned memory: ``ptr`` for the host, ``device_ptr`` for kernels."""
-    __slots__ = ("device_ptr",)
-
-    def __init__(self, ptr: int, nbytes: int, name: str, device_ptr: int):
-        super().__init__(ptr, nbytes, name)
-        self.device_ptr = device_ptr
-
-
-class OwnedMappedBuffer(MappedBuffer):
-    """Mapped memory that Python owns: ``owner`` is the numpy array registered with the
-    driver, and every view ``array()`` hands out is a view of it, so it lives as long as any
-    of them. Once the Memory closes the registration is gone (the device no longer writes
-    it) but a view still reads the bytes it last held, never freed memory."""
-    __slots__ = ("owner",)
+    """Mapped host memory that Python owns: ``ptr`` for the host, ``device_ptr`` for kernels.
+    ``owner`` is the numpy array registered with the driver, and every view ``array()`` hands
+    out is a view of it, so it lives as long as any of them. Once the Memory closes the
+    registration is gone (the device no longer writes it) but a view still reads the bytes it
+    last held, never freed memory."""
+    __slots__ = ("device_ptr", "owner")
 
     def __init__(self, owner: np.ndarray, nbytes: int, name: str, device_ptr: int):
-        super().__init__(int(owner.ctypes.data), nbytes, name, device_ptr)
+        super().__init__(int(owner.ctypes.data), nbytes, name)
+        self.device_ptr = device_ptr
         self.owner = owner
 
     def array(self, dtype, shape) -> np.ndarray:
         dtype = np.dtype(dtype)
-        need = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if need > self.nbytes:
-            raise MegakernelError(f"mapped buffer {self.name!r}: a {shape} {dtype} view needs "
-                                  f"{need} B, the buffer has {self.nbytes} B")
+        need = self._view_bytes(dtype, shape)
         return self.owner[:need].view(dtype).reshape(shape)
 
 
@@ -276,22 +270,11 @@ class Memory:
         ctypes.memset(ptr, 0, size)
         return PinnedBuffer(ptr, int(nbytes), name)
 
-    def mapped(self, nbytes: int, name: str = "") -> "MappedBuffer":
-        """Pinned host memory the device can read and write directly (DEVICEMAP), zero-filled:
-        what the kernel tells the host through it needs no copy and no stream sync."""
-        self._check_open()
-        drv = self._drv
-        size = max(int(nbytes), 1)
-        flags = drv.CU_MEMHOSTALLOC_PORTABLE | drv.CU_MEMHOSTALLOC_DEVICEMAP
-        ptr = int(check(drv.cuMemHostAlloc(size, flags), "cuMemHostAlloc(DEVICEMAP)"))
-        self._live[ptr] = ("pinned", name, size)
-        ctypes.memset(ptr, 0, size)
-        dev = int(check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))
-        return MappedBuffer(ptr, int(nbytes), name, dev)
-
-    def mapped_owned(self, nbytes: int, name: str = "") -> OwnedMappedBuffer:
-        """As mapped(), in a zeroed numpy array page-locked and mapped with
-        cuMemHostRegister: close() unregisters it and its views stay readable."""
+    def mapped(self, nbytes: int, name: str = "") -> MappedBuffer:
+        """Host memory the device reads and writes directly, zero-filled: what the kernel
+        tells the host through it needs no copy and no stream sync. A numpy array, page-locked
+        and mapped with cuMemHostRegister (DEVICEMAP): close() unregisters it, and its views
+        stay readable."""
         self._check_open()
         drv = self._drv
         size = -(-max(int(nbytes), 1) // _HOST_PAGE) * _HOST_PAGE
@@ -304,7 +287,7 @@ class Memory:
         self._live[ptr] = ("registered", name, size)
         self._owners[ptr] = owner
         dev = int(check(drv.cuMemHostGetDevicePointer(ptr, 0), "cuMemHostGetDevicePointer"))
-        return OwnedMappedBuffer(owner, int(nbytes), name, dev)
+        return MappedBuffer(owner, int(nbytes), name, dev)
 
     def abandon(self) -> None:
         """Give up on freeing anything (work that uses it may still be running on a stuck
