@@ -672,8 +672,8 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
     const mk_u32 n_signals = s.ins.n_signals;
     if (n_signals > 0)
         mk_fence_release();
-    if (p.stream_pages > 0)
-        mk_stream_hold(ctl, 0u);   /* the fence has passed: the streamer goes on (stream.cuh) */
+    if (s.stream_stages > 0)   /* it read the ring, so it raised the hold (stream.cuh) */
+        mk_stream_hold(ctl, 0u);   /* the fence has passed: the streamer goes on */
 #if MK_TRACE
     /* stored: results visible, counters not yet moved, so no consumer's "waited" can ever
      * read an earlier clock than its producer's "stored" */

@@ -30,14 +30,14 @@
  *
  * The hold: a release fence waits for the SM's bulk copies in flight (0.25 us idle, 3.9 us
  * with 10 pages in flight: tools/probe_fence_load.py), so a band that signals its consumers
- * while the ring refills pays for the refill. A narrow band (one wave of 32-column bands: its
- * SM's share of a layer is ~1.6 rings, and HBM idles during the layer's tail whatever the
- * streamer does) raises stream_hold once every compute warp is done with its k loop; the
- * streamer issues no copy while it is raised, and thread 0 lowers it after the signal's
- * fence (mk_compute_signal). In 4096 x 8 at batch 16 the signal took 2.2 us with the hold
- * off and 0.8 with it on, the chain 125.2 us against 116.8 (tools/probe_stream_stages.py,
- * variant "hold"); in 8192 x 8, streaming-bound, a hold cost 2.5%, so wide bands never raise
- * it. The word orders nothing: it only delays issues that the protocol below already
+ * (or, with parts, adds to its combine counter) while the ring refills pays for the refill.
+ * A streamed instruction raises stream_hold once every compute warp is done with its k
+ * loop; the streamer issues no copy while it is raised, and thread 0 lowers it after the
+ * signal's fence (mk_compute_signal). tools/probe_stream_stages.py, one lease each: a narrow
+ * band's signal in 4096 x 8 at batch 16 took 2.2 us with the hold off and 0.8 with it on,
+ * the chain 125.2 us against 116.8; holding the wide bands as well took 8192 x 8 from 307.0-
+ * 307.8 us to 298.5-299.2 and batch 64 from 183.0-184.3 to 180.3-180.9, 1024 x 16 within
+ * its noise (variant "holdnarrow" is the narrow-only rule). The word orders nothing: it only delays issues that the protocol below already
  * orders, and the streamer waits for it at most MK_STREAM_HOLD_NS per copy, so a hold left
  * raised (an op that stopped early) costs time, never a hang. Shared atomics both ways:
  * racecheck takes them as synchronisation.
@@ -91,13 +91,14 @@ static_assert(MK_STREAM_BOX_COLS * MK_STREAM_BOX_ROWS * 2 == MK_PAGE_BYTES,
               "one bf16 box of the weight stream fills one page");
 static_assert(MK_STREAM_BOX_COLS * 2 == 128, "a box row is the 128-B swizzle span");
 
-/* The longest a hold delays one copy (see "The hold"): a narrow band's tail from its k loop's
- * end to its signal's fence, ~2-3 us, with room. */
-constexpr mk_u64 MK_STREAM_HOLD_NS = 4000;
 static_assert(MK_STREAM_NARROW_COLS * 2 == 64 && 2 * MK_STREAM_NARROW_COLS == MK_STREAM_BOX_COLS,
               "a narrow box row is the 64-B swizzle span; two narrow boxes fill a page");
 static_assert(MK_STREAM_NARROW_READY == 65536 + MK_STREAM_BOX_ROWS,
               "a narrow map's ready word names its box rows");
+
+/* The longest a hold delays one copy (see "The hold"). A tail (the k loop's end to the
+ * signal's fence, ~1-6 us) longer than this lets one copy through per MK_STREAM_HOLD_NS. */
+constexpr mk_u64 MK_STREAM_HOLD_NS = 4000;
 
 /* Byte offset of the tensor maps after a table of n tensors (instr.h, mk_tensor). */
 __device__ __forceinline__ mk_u64 mk_tmap_offset(mk_u32 n)

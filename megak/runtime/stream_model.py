@@ -273,8 +273,7 @@ class MBarrier:
 class Record:
     """One instruction of a block's queue as the stream sees it: MK_FLAG_STREAM, which tensor
     of the table is its B, its stage count (boxes of B), and how many warps read each of its
-    stages (its m16 tiles), and whether it holds the streamer through its tail (a narrow band,
-    `holds`)."""
+    stages (its m16 tiles), and whether it holds the streamer through its tail (`holds`)."""
     stream: bool = False
     b: int = 0
     stages: int = 1
@@ -283,9 +282,9 @@ class Record:
 
 
 def holds(flags: int) -> bool:
-    """Whether a streamed record with these flags raises the streamer's hold from its k loop's
-    end to its signal (ops/gemm_stream.cuh: a narrow band)."""
-    return bool(int(flags) & abi.FLAG_STREAM_NARROW)
+    """Whether a record with these flags raises the streamer's hold from its k loop's end to
+    its signal (ops/gemm_stream.cuh: every instruction that reads the ring)."""
+    return bool(int(flags) & abi.FLAG_STREAM)
 
 
 def boxes_of(flags: int) -> int:

@@ -219,11 +219,11 @@ def test_each_ring_misuse_of_the_stop_path_is_caught(misuse, rule):
 
 
 def test_a_hold_delays_copies_past_its_instruction_only():
-    """A narrow band's tail holds the streamer (stream.cuh, "The hold"): with the streamer
-    far ahead, it is held while the holding instruction's tail runs, then every stage is
-    still issued and read, in every interleaving; holds() is the device's rule."""
+    """A streamed instruction's tail holds the streamer (stream.cuh, "The hold"): with the
+    streamer far ahead, it is held while the holding instruction's tail runs, then every
+    stage is still issued and read, in every interleaving; holds() is the device's rule."""
     narrow = abi.FLAG_STREAM | abi.FLAG_STREAM_NARROW
-    assert sm.holds(narrow) and not sm.holds(abi.FLAG_STREAM)
+    assert sm.holds(narrow) and sm.holds(abi.FLAG_STREAM) and not sm.holds(0)
     queue = (Record(True, 0, 3, readers=2, hold=True), Record(True, 1, 5, readers=2, hold=True),
              Record(), Record(True, 0, 2))
     held = 0

@@ -240,6 +240,14 @@ __device__ __forceinline__ void mk_stream_fill_box(mk_u32 st, const mk_tensor& T
     }
 }
 
+/* A reader past its deadline (or told to stop): the error for the block, and the streamer
+ * stops and drains. */
+__device__ __forceinline__ void mk_stream_give_up(mk_control& ctl)
+{
+    atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);
+    atomicExch(&ctl.ring_stop, 1u);
+}
+
 /* Wait until the streamer has issued position `pos` into slot `slot` (ring_issued) and its
  * copy has landed (ring_full phase (pos / R) & 1); all 32 lanes, converged. False past the
  * deadline (timeout_ns from the first failed try) or once another warp gave up (the op then
@@ -267,10 +275,8 @@ __device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot
             deadline = mk_deadline(ctl.params.timeout_ns);
         const bool late = (++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped());
         if (__shfl_sync(0xffffffffu, late ? 1u : 0u, 0) != 0u) {
-            if (lane0) {
-                atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);
-                atomicExch(&ctl.ring_stop, 1u);
-            }
+            if (lane0)
+                mk_stream_give_up(ctl);
             return false;
         }
     }
@@ -283,8 +289,7 @@ __device__ __forceinline__ bool mk_stream_wait_full(mk_control& ctl, mk_u32 slot
         if (mk_mbar_try_wait(&ctl.ring_full[slot], parity))
             return true;
         if ((++n & 63u) == 0u && (mk_globaltimer() > deadline || mk_ring_stopped())) {
-            atomicExch(&ctl.stream_error, (mk_u32)MK_ERR_TIMEOUT);   /* whichever lane gave up */
-            atomicExch(&ctl.ring_stop, 1u);
+            mk_stream_give_up(ctl);   /* whichever lane gave up */
             return false;
         }
     }
@@ -639,8 +644,9 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
             mk_stream_kloop_copied<1>(in, op, pages, acc);
     }
     mk_trace_mark(MK_T_COMPUTED);
-    /* a narrow band holds the streamer from here to its signal's fence (stream.cuh) */
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));
+    /* an instruction that read the ring holds the streamer from here to its signal's fence
+     * (stream.cuh, "The hold") */
+    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);
     pages.release(1, 3);
     if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
