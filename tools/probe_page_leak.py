@@ -12,7 +12,8 @@ each SM reports records, into a __device__ array read back once the program clos
                     show up late point at an ordering race, pages that never do at a real leak)
     prev            the previous instruction's slot: its page count, page table, `released`
                     bits and stream stages (what its hand-back should have returned)
-    empty           the raw mbarrier word of the slot the loader sampled as done
+    empty           the raw word of the `empty` mbarrier the loader sampled (a plain load of
+                    an mbarrier is not defined by PTX: a plausible state, or stale bytes)
     hold, stop      ctl.stream_hold and ctl.ring_stop at the report
 
 On a loader with the leak grace (MK_LEAK_GRACE_NS) it also counts the takes whose pages came

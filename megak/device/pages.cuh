@@ -105,8 +105,8 @@ struct mk_control {
     mk_u32 ring_issued[MK_STREAM_MAX_RING];   /* the position last issued into slot i */
     mk_u32 ring_inited;                /* ring barriers initialised for this invocation */
     mk_u32 ring_stop;                  /* a compute role left early: the streamer drains */
-    mk_u32 stream_hold;                /* a narrow band's tail: the streamer holds its next
-                                          copies (stream.cuh, "The hold") */
+    mk_u32 stream_hold;                /* a streamed instruction's tail: the streamer holds
+                                          its next copies (stream.cuh, "The hold") */
     mk_u32 stream_last;                /* gemm_stream: this block finished its band's combine */
     mk_u32 stream_error;               /* gemm_stream: a ring wait passed its deadline */
     mk_stop_info op_stop;              /* an op's failed poll of a flagged word (flag.cuh);

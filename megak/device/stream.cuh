@@ -37,10 +37,10 @@
  * band's signal in 4096 x 8 at batch 16 took 2.2 us with the hold off and 0.8 with it on,
  * the chain 125.2 us against 116.8; holding the wide bands as well took 8192 x 8 from 307.0-
  * 307.8 us to 298.5-299.2 and batch 64 from 183.0-184.3 to 180.3-180.9, 1024 x 16 within
- * its noise (variant "holdnarrow" is the narrow-only rule). The word orders nothing: it only delays issues that the protocol below already
- * orders, and the streamer waits for it at most MK_STREAM_HOLD_NS per copy, so a hold left
- * raised (an op that stopped early) costs time, never a hang. Shared atomics both ways:
- * racecheck takes them as synchronisation.
+ * its noise (variant "holdnarrow" is the narrow-only rule). The word orders nothing: it
+ * only delays issues that the protocol below already orders, and the streamer waits for it
+ * at most MK_STREAM_HOLD_NS per copy, so a hold left raised (an op that stopped early) costs
+ * time, never a hang. Shared atomics both ways: racecheck takes them as synchronisation.
  *
  * Ordering:
  *   - copy -> reader: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a

@@ -40,7 +40,7 @@ serves many requests; each invocation has its own queue and ring size R = stream
             the start of an instruction: one warp sets ring_stop and leaves, or the whole
             compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
             as when the loader reports an error for the instruction.
-  hold      (stream.cuh, "The hold") a record with `hold` (a narrow band): once every warp is
+  hold      (stream.cuh, "The hold") a record with `hold` (every streamed one): once every warp is
             done with its stages (the op's barrier), thread 0 raises stream_hold; after the
             instruction's signal fence it lowers it. The streamer, after its empty wait and
             before each copy, polls the word while it is raised, at most HOLD_POLLS times
