@@ -1180,15 +1180,26 @@ def package_versions(names=("numpy", "cuda-core", "cuda-bindings", "nvidia-cuda-
     return out
 
 
+def megak_commit() -> str | None:
+    """The megak revision a run measures: $MEGAK_COMMIT where the caller names it (a working
+    tree copied to a GPU machine can carry a stale .git, whose HEAD would be recorded), else
+    the checkout's HEAD, marked when the tree has uncommitted changes."""
+    named = os.environ.get("MEGAK_COMMIT", "").strip()
+    if named:
+        return named
+    commit = _run_text(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR)
+    if commit and _run_text(["git", "status", "--porcelain"], cwd=REPO_DIR):
+        commit += " (with uncommitted changes)"
+    return commit
+
+
 def machine_info(torch_env: TorchEnv | None = None) -> dict:
     from megak.runtime.compiler import nvrtc_version
     from megak.runtime.driver import device_info
     info = device_info()
     api = int(info["driver_version"])
     smi = _run_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-    commit = _run_text(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR)
-    if commit and _run_text(["git", "status", "--porcelain"], cwd=REPO_DIR):
-        commit += " (with uncommitted changes)"
+    commit = megak_commit()
     major, minor = nvrtc_version()
     return {
         "gpu": info["name"],

@@ -1394,3 +1394,11 @@ def test_a_failure_names_the_status_records_numbers():
                              "index 1 [status record: counter 0, expected 3, observed 1]")
     assert R._error(MegakernelError("no record")) == "MegakernelError: no record"
     assert R._error(ValueError("x")) == "ValueError: x"
+
+
+def test_the_recorded_commit_is_the_named_one_where_the_caller_names_it(monkeypatch):
+    monkeypatch.setenv("MEGAK_COMMIT", "abc1234")
+    assert R.megak_commit() == "abc1234"
+    monkeypatch.setenv("MEGAK_COMMIT", " ")
+    monkeypatch.setattr(R, "_run_text", lambda cmd, cwd=None: "" if "status" in cmd else "def5678")
+    assert R.megak_commit() == "def5678"

@@ -12,6 +12,8 @@
 #   tier      pytest -m gpu over tests/ and benchmarks/test_gpu_benchmarks.py  -> tier.log
 #   sanitize  tools/sanitize.sh: memcheck, racecheck, synccheck               -> san/
 #   report B  python -m benchmarks.report --baseline B (a results JSON)        -> bench/
+#             (the JSON records $MEGAK_COMMIT as the revision measured, where it is set:
+#             `MEGAK_COMMIT=$rev tools/gpu_checks.sh ...`; a copied tree's .git can be stale)
 #   probes    the weight stream's probes: tools/probe_stream_stages.py (as built, with the
 #             copies in flight capped, without A, with A rotated; 1024 x 16 in 1 and 8
 #             parts) and tools/probe_weight_stream.py --shapes                 -> probes.log
