@@ -1,0 +1,31 @@
+"""The standalone probes in tools/ (each its own kernel source, built by NVRTC) build for sm_90a
+without a GPU, with no spills: a probe is run on a GPU machine only now and then, and a kernel
+that stopped compiling would only show there, in device time."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cuda.core")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PROBES = [
+    # what a gpu-scope publish costs while the SM streams weights
+    ("probe_fence_load.py", "OK: fence_load compiled, 0 spills"),
+    # whether the page hand-back reaches the loader before the arrival that follows it
+    ("probe_release_order.py", "release_order"),
+    # how fast the SMs read L2-resident bytes while they stream weights from HBM
+    ("probe_l2_stream.py", "l2_stream"),
+]
+
+
+@pytest.mark.parametrize("script, expected", PROBES, ids=[p for p, _ in PROBES])
+def test_the_probe_compiles_without_spills(tmp_path, script, expected):
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))   # a cold build, not a cached one
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / script), "--compile-only"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert expected in done.stdout
