@@ -2,7 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak]
+#                       [pageleak] [l2stream]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -22,7 +22,10 @@
 #   fence     tools/probe_fence_load.py: a gpu-scope publish (fences, a counter hop, stamped
 #             words, A chunks) with 0-10 bulk copies in flight per SM  -> fence.log, fence.json
 #   pageleak  tools/probe_page_leak.py --rounds 3: the W7 workloads, with what each SM holds
-#             when its loader reports MK_ERR_PAGE_LEAK                    -> pageleak.log
+#             when its loader reports MK_ERR_PAGE_LEAK, and the takes whose pages came after
+#             their phase                                                 -> pageleak.log
+#   l2stream  tools/probe_l2_stream.py: L2-resident reads beside the HBM weight stream
+#                                                                         -> l2stream.log
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
@@ -47,7 +50,7 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log; do
+                 pageleak.log l2stream.log; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -142,9 +145,14 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             tail -n 3 "$OUT/pageleak.log"
             ;;
+        l2stream)
+            timeout 200 python3 tools/probe_l2_stream.py > "$OUT/l2stream.log" 2>&1
+            rc=$?
+            tail -n 3 "$OUT/l2stream.log"
+            ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak)"
+                 "callpath, fence, pageleak, l2stream)"
             rc=2
             ;;
     esac
