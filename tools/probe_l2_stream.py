@@ -38,11 +38,11 @@ import argparse
 import ctypes
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megak.runtime.compiler import compile_report, compile_source  # noqa: E402
+from megak.runtime.compiler import compile_source  # noqa: E402
+from probe_ptx import MBARRIER, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "l2_stream"
 THREADS = 64
@@ -59,15 +59,7 @@ extern __shared__ __align__(1024) unsigned char smem[];
 
 __device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-__device__ __forceinline__ void mbar_init(u64* b, u32 n)
-{ asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(sa(b)), "r"(n) : "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(u64* b, u32 bytes)
-{ asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
-               :: "r"(sa(b)), "r"(bytes) : "memory"); }
-__device__ __forceinline__ bool mbar_try(u64* b, u32 par)
-{ u32 ok; asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                       "selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(sa(b)), "r"(par) : "memory");
-  return ok != 0u; }
+""" + MBARRIER + r"""
 __device__ __forceinline__ u64 policy(bool evict_last)
 {
     u64 p;
@@ -99,7 +91,7 @@ __device__ __forceinline__ bool land(const lane_plan& L, unsigned char* pages, u
                                      u32 d, u64 o, u64 deadline, lane_stats& n)
 {
     const u32 slot = d % R;
-    while (!mbar_try(&full[slot], (d / R) & 1u))
+    while (!mbar_try(sa(&full[slot]), (d / R) & 1u))
         if (now() > deadline)
             return false;
     n.t_last = now();
@@ -124,7 +116,7 @@ __device__ void stream(const lane_plan& L, unsigned char* pages, u64* full, u32 
             o_land = next_offset(o_land, L.wrap);
         }
         const u32 slot = c % R;
-        mbar_expect_tx(&full[slot], PAGE);
+        mbar_expect_tx(sa(&full[slot]), PAGE);
         bulk_load(pages + (u64)slot * PAGE, L.buf + L.origin + o_issue, PAGE, &full[slot], pol);
         ++c;
         o_issue = next_offset(o_issue, L.wrap);
@@ -147,7 +139,7 @@ l2_stream(const unsigned char* a, u64 a_bytes, u32 a_mode, u32 a_rounds, u32 r_a
     const u32 tid = threadIdx.x, grid = gridDim.x, blk = blockIdx.x;
     if (tid == 0) {
         for (u32 i = 0; i < r_b + r_a; ++i)
-            mbar_init(&full[i], 1u);
+            mbar_init(sa(&full[i]), 1u);
         *b_done = 0u;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -191,31 +183,16 @@ def main(argv=None):
     ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args(argv)
     if args.compile_only:
-        t0 = time.perf_counter()
-        compiled = compile_probe("sm_90a")
-        lines, problems = compile_report(compiled, (ENTRY,), time.perf_counter() - t0)
-        print("\n".join(lines))
-        return 1 if problems else 0
+        return compile_only(compile_probe, ENTRY)
 
     import numpy as np
-    from cuda.core import Device, ObjectCode
 
     from megak.runtime import memory as mem
-    from megak.runtime.driver import _bindings, check, device_info
+    from megak.runtime.driver import check
 
-    drv = _bindings()
-    dev = Device(0)
-    dev.set_current()
-    info = device_info(0)
+    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
     grid = info["sm_count"]
-    compiled = compile_probe(info["arch"])
-    code = ObjectCode.from_cubin(compiled.cubin)
-    fn = check(drv.cuKernelGetFunction(code.get_kernel(ENTRY).handle), "cuKernelGetFunction")
-    check(drv.cuFuncSetAttribute(
-        fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM),
-        "cuFuncSetAttribute")
     m = mem.Memory(0)
-    stream = dev.create_stream()
     h = stream.handle
     try:
         a_bytes = args.a_kib * 1024 // PAGE * PAGE

@@ -1,11 +1,16 @@
-"""PTX spellings the standalone probes share (tools/probe_*.py build their kernels from source
-strings, each its own cubin): the mbarrier operations of the weight ring's protocol, as
-megak/device/stream.cuh spells them. Needs `u32` defined before it."""
+"""What the standalone probes share (tools/probe_*.py build their kernels from source strings,
+each its own cubin): the mbarrier operations of the weight ring's protocol, as
+megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the
+`--compile-only` check, and loading a probe's kernel on the GPU."""
+import time
 
 MBARRIER = r"""
 /* ---- mbarriers (sync.cuh / stream.cuh spellings) ---------------------------------------- */
 __device__ __forceinline__ void mbar_init(u32 bar, u32 count)
 { asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory"); }
+/* One arrival (release, cta scope). */
+__device__ __forceinline__ void mbar_arrive(u32 bar)
+{ asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(bar) : "memory"); }
 /* The arrival of this phase plus `bytes` of transactions the bulk load will complete. */
 __device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes)
 { asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
@@ -16,3 +21,31 @@ __device__ __forceinline__ bool mbar_try(u32 bar, u32 par)
                        "selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
   return ok != 0u; }
 """
+
+
+def compile_only(compile_probe, entry: str) -> int:
+    """A probe's --compile-only: build for sm_90a, print the compile report; 1 on a spill."""
+    from megak.runtime.compiler import compile_report
+    t0 = time.perf_counter()
+    compiled = compile_probe("sm_90a")
+    lines, problems = compile_report(compiled, (entry,), time.perf_counter() - t0)
+    print("\n".join(lines))
+    return 1 if problems else 0
+
+
+def load_kernel(compile_probe, entry: str, smem: int):
+    """Build the probe for this GPU and load its kernel, allowed `smem` bytes of dynamic shared
+    memory. Returns (driver bindings, the function, the device info, a cuda.core stream)."""
+    from cuda.core import Device, ObjectCode
+
+    from megak.runtime.driver import _bindings, check, device_info
+    drv = _bindings()
+    dev = Device(0)
+    dev.set_current()
+    info = device_info(0)
+    code = ObjectCode.from_cubin(compile_probe(info["arch"]).cubin)
+    fn = check(drv.cuKernelGetFunction(code.get_kernel(entry).handle), "cuKernelGetFunction")
+    check(drv.cuFuncSetAttribute(
+        fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
+        "cuFuncSetAttribute")
+    return drv, fn, info, dev.create_stream()

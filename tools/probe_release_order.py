@@ -40,11 +40,11 @@ Prints per variant x hammer: violations / rounds, the longest lateness (ns), tim
 import argparse
 import ctypes
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megak.runtime.compiler import compile_report, compile_source  # noqa: E402
+from megak.runtime.compiler import compile_source  # noqa: E402
+from probe_ptx import MBARRIER, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "release_order"
 THREADS = 320
@@ -59,17 +59,7 @@ extern __shared__ __align__(128) unsigned char smem[];
 
 __device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-__device__ __forceinline__ void mbar_init(u64* b, u32 n)
-{ asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(sa(b)), "r"(n) : "memory"); }
-__device__ __forceinline__ void mbar_arrive(u64* b)
-{ asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(sa(b)) : "memory"); }
-__device__ __forceinline__ void mbar_expect_tx(u64* b, u32 bytes)
-{ asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
-               :: "r"(sa(b)), "r"(bytes) : "memory"); }
-__device__ __forceinline__ bool mbar_try(u64* b, u32 par)
-{ u32 ok; asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                       "selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(sa(b)), "r"(par) : "memory");
-  return ok != 0u; }
+""" + MBARRIER + r"""
 __device__ __forceinline__ u32 ld_acquire(u32* p)
 { u32 v; asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(sa(p)) : "memory"); return v; }
 
@@ -101,9 +91,9 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
     unsigned char* page = smem + 1024;
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     if (tid == 0) {
-        mbar_init(&c.full, 1u);
-        mbar_init(&c.empty, 256u);
-        mbar_init(&c.copied, 1u);
+        mbar_init(sa(&c.full), 1u);
+        mbar_init(sa(&c.empty), 256u);
+        mbar_init(sa(&c.copied), 1u);
         c.mask = 0u; c.hold = 0u; c.stop = 0u; c.sink = 0u;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -113,7 +103,7 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
         u32 rng = 0x9e3779b9u * (blockIdx.x + 1u);   /* the same in every releaser */
         for (u32 i = 0; i < iters; ++i) {
             bool ok = true;
-            while (!mbar_try(&c.full, i & 1u))
+            while (!mbar_try(sa(&c.full), i & 1u))
                 if (now() > deadline) { ok = false; break; }
             if (!ok || *reinterpret_cast<volatile u32*>(&c.stop)) { atomicExch(&c.stop, 1u); break; }
             if (tid == 0 && hammer)
@@ -123,7 +113,7 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
             while (now() < until) { }
             asm volatile("bar.sync 1, 256;" ::: "memory");
             if (tid != 0) {
-                mbar_arrive(&c.empty);
+                mbar_arrive(sa(&c.empty));
                 continue;
             }
             if (global_signal) {
@@ -133,16 +123,16 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
             if (hammer)
                 atomicExch(&c.hold, 0u);
             give_back(&c.mask, 1u, variant, &c.sink);
-            mbar_arrive(&c.empty);
+            mbar_arrive(sa(&c.empty));
         }
     } else if (warp == 8) {
         if (lane == 0) {
             u64 violations = 0, late_max = 0, done = 0, timeouts = 0;
-            mbar_arrive(&c.full);   /* round 0 may start */
+            mbar_arrive(sa(&c.full));   /* round 0 may start */
             for (u32 i = 0; i < iters; ++i) {
                 bool saw_idle = false, ok = true;
                 for (;;) {
-                    const bool idle = mbar_try(&c.empty, i & 1u);
+                    const bool idle = mbar_try(sa(&c.empty), i & 1u);
                     const u32 f = ld_acquire(&c.mask);
                     if (f & 1u)
                         break;
@@ -158,13 +148,13 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
                 }
                 if (!ok) { ++timeouts; atomicExch(&c.stop, 1u); break; }
                 /* the round's phase must complete before the next round's arrivals */
-                while (!mbar_try(&c.empty, i & 1u))
+                while (!mbar_try(sa(&c.empty), i & 1u))
                     if (now() > deadline) { ok = false; break; }
                 if (!ok) { ++timeouts; atomicExch(&c.stop, 1u); break; }
                 atomicAnd(&c.mask, ~1u);
                 ++done;
                 if (i + 1 < iters)
-                    mbar_arrive(&c.full);
+                    mbar_arrive(sa(&c.full));
             }
             atomicExch(&c.stop, 2u);   /* tells the streamer to finish */
             u64* s = stats + 4u * blockIdx.x;
@@ -176,10 +166,10 @@ release_order(u32 iters, u32 variant, u32 hammer, u32 global_signal, const unsig
         while (*reinterpret_cast<volatile u32*>(&c.stop) == 0u && now() <= deadline) {
             if (atomicOr(&c.hold, 0u) != 0u)
                 continue;   /* held: spin on the shared atomic, as the weight stream does */
-            mbar_expect_tx(&c.copied, 16384u);
+            mbar_expect_tx(sa(&c.copied), 16384u);
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                          :: "r"(sa(page)), "l"(from), "r"(16384u), "r"(sa(&c.copied)) : "memory");
-            while (!mbar_try(&c.copied, phase) && now() <= deadline) { }   /* a copy always lands */
+            while (!mbar_try(sa(&c.copied), phase) && now() <= deadline) { }   /* a copy always lands */
             phase ^= 1u;
         }
     }
@@ -204,31 +194,16 @@ def main(argv=None):
     if bad:
         raise SystemExit(f"--variant: unknown {bad}; known: {', '.join(VARIANTS)}")
     if args.compile_only:
-        t0 = time.perf_counter()
-        compiled = compile_probe("sm_90a")
-        lines, problems = compile_report(compiled, (ENTRY,), time.perf_counter() - t0)
-        print("\n".join(lines))
-        return 1 if problems else 0
+        return compile_only(compile_probe, ENTRY)
 
     import numpy as np
-    from cuda.core import Device, ObjectCode
 
     from megak.runtime import memory as mem
-    from megak.runtime.driver import _bindings, check, device_info
+    from megak.runtime.driver import check
 
-    drv = _bindings()
-    dev = Device(0)
-    dev.set_current()
-    info = device_info(0)
+    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
     grid = info["sm_count"]
-    compiled = compile_probe(info["arch"])
-    code = ObjectCode.from_cubin(compiled.cubin)
-    fn = check(drv.cuKernelGetFunction(code.get_kernel(ENTRY).handle), "cuKernelGetFunction")
-    check(drv.cuFuncSetAttribute(
-        fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM),
-        "cuFuncSetAttribute")
     m = mem.Memory(0)
-    stream = dev.create_stream()
     h = stream.handle
     try:
         src = m.device(grid * 16384, "source")
