@@ -49,7 +49,7 @@ THREADS = 64
 PAGE = 16384
 MAX_PAGES = 12
 SMEM = MAX_PAGES * PAGE + 1024
-STAT_WORDS = 8   # per lane: bytes, t_first, t_last, bad pages, errors; 3 spare
+STAT_WORDS = 8   # per lane: bytes, t_first, t_last, bad pages, errors; 3 spare (kernel: 8)
 
 SOURCE = r"""
 typedef unsigned int u32;
@@ -203,8 +203,8 @@ def main(argv=None):
         for buf, n in ((a, max(a_bytes, a_big)), (b, b_bytes)):   # word i holds i
             host = np.arange(n // 4, dtype=np.uint32)
             check(drv.cuMemcpyHtoD(buf.ptr, host.ctypes.data, n), "cuMemcpyHtoD")
-        stats = m.device(grid * 16 * 8, "stats")
-        host_stats = np.zeros(grid * 16, dtype=np.uint64)
+        stats = m.device(grid * 2 * STAT_WORDS * 8, "stats")   # per block: lane B, lane A
+        host_stats = np.zeros(grid * 2 * STAT_WORDS, dtype=np.uint64)
         start, stop = (check(drv.cuEventCreate(0), "cuEventCreate") for _ in range(2))
 
         def cell(name, a_mode, a_rounds, r_a, b_readers, r_b, b_on):
@@ -224,7 +224,7 @@ def main(argv=None):
                 check(drv.cuStreamSynchronize(h), "cuStreamSynchronize")
                 check(drv.cuMemcpyDtoH(host_stats.ctypes.data, stats.ptr, host_stats.nbytes),
                       "cuMemcpyDtoH")
-                rows = host_stats.reshape(grid, 2, 8)
+                rows = host_stats.reshape(grid, 2, STAT_WORDS)
                 if rows[:, :, 4].any():
                     raise SystemExit(f"{name}: a lane passed its deadline")
                 if rows[:, :, 3].any():
