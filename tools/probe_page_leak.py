@@ -16,8 +16,8 @@ each SM reports records, into a __device__ array read back once the program clos
                     an mbarrier is not defined by PTX: a plausible state, or stale bytes)
     hold, stop      ctl.stream_hold and ctl.ring_stop at the report
 
-On a loader with the leak grace (MK_LEAK_GRACE_NS) it also counts the takes whose pages came
-after the phase, and the longest such wait. `--marks` adds the loader's idle sample (barrier
+It also counts the takes whose pages came after the phase (within the loader's grace,
+MK_LEAK_GRACE_NS), and the longest such wait. `--marks` adds the loader's idle sample (barrier
 word, mask, time) and thread 0's hand-back times at the signal; they change the timing they
 measure (with them the failure did not show).
 
@@ -46,9 +46,8 @@ FIELDS = ("q+1", "need", "free", "free_later", "prev_pages", "prev_released", "p
           "later_sig_t_arrive", "epoch", "ticket", "full_words", "pages_ring", "t_idle")
 
 _ANCHOR = "__device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u64 timeout_ns,\n"
-# the leak's return: at once once idle (before the grace), or after MK_LEAK_GRACE_NS of idle
-_LEAK = "        if (idle)\n            return MK_ERR_PAGE_LEAK;\n"
-_LEAK_GRACE = ("            else if (now - idle_since > MK_LEAK_GRACE_NS)\n"
+# the leak's return, after MK_LEAK_GRACE_NS of idle
+_LEAK = ("            else if (now - idle_since > MK_LEAK_GRACE_NS)\n"
                "                return MK_ERR_PAGE_LEAK;\n")
 _RECORD_BODY = f"""            unsigned long long* d = mkp_leak + blockIdx.x * {NFIELD}u;
             if (d[0] == 0ull) {{
@@ -90,10 +89,9 @@ _RECORD_BODY = f"""            unsigned long long* d = mkp_leak + blockIdx.x * {
                 d[0] = q + 1u;
             }}
 """
-_RECORD = "        if (idle) {\n" + _RECORD_BODY + "            return MK_ERR_PAGE_LEAK;\n        }\n"
-_RECORD_GRACE = ("            else if (now - idle_since > MK_LEAK_GRACE_NS) {\n" + _RECORD_BODY +
+_RECORD = ("            else if (now - idle_since > MK_LEAK_GRACE_NS) {\n" + _RECORD_BODY +
                  "                return MK_ERR_PAGE_LEAK;\n            }\n")
-# with the grace: how often the pages came after the phase (count, longest wait in ns)
+# how often the pages came after the phase (count, longest wait in ns)
 _TAKEN = ("        if (mk_pages_try_acquire(&ctl.free_pages, s.page, need))\n"
           "            return MK_OK;\n        *observed")
 _TAKEN_COUNTED = f"""        if (mk_pages_try_acquire(&ctl.free_pages, s.page, need)) {{
@@ -142,10 +140,7 @@ _UNMARKED = ((_LOOP, "    const mk_u32 mkp_polls = 0;\n" + _LOOP),
 def patched(src: str, marks: bool) -> str:
     """The device source with the leak record; with `marks`, also the idle sample and the
     signal's marks (which change the timing they measure: the failure may not show)."""
-    graced = _LEAK_GRACE in src
-    edits = [(_ANCHOR, _DECLS + _ANCHOR)]
-    edits += ([(_LEAK_GRACE, _RECORD_GRACE), (_TAKEN, _TAKEN_COUNTED)] if graced
-              else [(_LEAK, _RECORD)])
+    edits = [(_ANCHOR, _DECLS + _ANCHOR), (_LEAK, _RECORD), (_TAKEN, _TAKEN_COUNTED)]
     edits += ([(_LOOP, _LOOP_COUNTED), (_IDLE, _IDLE_SAMPLED), (_RELEASE, _RELEASE_MARKED),
                (_ARRIVE, _ARRIVE_MARKED)] if marks else list(_UNMARKED))
     for a, b in edits:
