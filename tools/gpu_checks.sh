@@ -63,6 +63,17 @@ pack_out() {
 }
 trap 'pack_out; exit 124' TERM
 
+# One probe as a step: `logged LOG SECONDS CMD...` runs CMD under its own timeout into
+# $OUT/LOG, shows the log's last lines and returns CMD's status.
+logged() {
+    local log=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" > "$OUT/$log" 2>&1
+    local status=$?
+    tail -n 3 "$OUT/$log"
+    return $status
+}
+
 if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
         2>/dev/null
@@ -130,25 +141,20 @@ while [ $i -lt ${#steps[@]} ]; do
             tail -n 5 "$OUT/probes.log"
             ;;
         callpath)
-            timeout 200 python3 tools/probe_run_steps.py > "$OUT/callpath.log" 2>&1
+            logged callpath.log 200 python3 tools/probe_run_steps.py
             rc=$?
-            tail -n 3 "$OUT/callpath.log"
             ;;
         fence)
-            timeout 200 python3 tools/probe_fence_load.py --out "$OUT/fence.json" \
-                > "$OUT/fence.log" 2>&1
+            logged fence.log 200 python3 tools/probe_fence_load.py --out "$OUT/fence.json"
             rc=$?
-            tail -n 3 "$OUT/fence.log"
             ;;
         pageleak)
-            timeout 300 python3 tools/probe_page_leak.py --rounds 3 > "$OUT/pageleak.log" 2>&1
+            logged pageleak.log 300 python3 tools/probe_page_leak.py --rounds 3
             rc=$?
-            tail -n 3 "$OUT/pageleak.log"
             ;;
         l2stream)
-            timeout 200 python3 tools/probe_l2_stream.py > "$OUT/l2stream.log" 2>&1
+            logged l2stream.log 200 python3 tools/probe_l2_stream.py
             rc=$?
-            tail -n 3 "$OUT/l2stream.log"
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
