@@ -19,6 +19,8 @@ PROBES = [
     ("probe_release_order.py", "release_order"),
     # how fast the SMs read L2-resident bytes while they stream weights from HBM
     ("probe_l2_stream.py", "l2_stream"),
+    # whether more lanes issuing bulk copies make an SM read faster
+    ("probe_issuers.py", "issuers"),
 ]
 
 

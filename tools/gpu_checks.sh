@@ -2,7 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak] [l2stream]
+#                       [pageleak] [l2stream] [issuers]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -26,6 +26,8 @@
 #             their phase                                                 -> pageleak.log
 #   l2stream  tools/probe_l2_stream.py: L2-resident reads beside the HBM weight stream
 #                                                                         -> l2stream.log
+#   issuers   tools/probe_issuers.py: an SM's read rate with 1, 2 or 4 lanes issuing its
+#             bulk copies                                                 -> issuers.log
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
@@ -50,7 +52,7 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log l2stream.log; do
+                 pageleak.log l2stream.log issuers.log; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -156,9 +158,13 @@ while [ $i -lt ${#steps[@]} ]; do
             logged l2stream.log 200 python3 tools/probe_l2_stream.py
             rc=$?
             ;;
+        issuers)
+            logged issuers.log 200 python3 tools/probe_issuers.py
+            rc=$?
+            ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream)"
+                 "callpath, fence, pageleak, l2stream, issuers)"
             rc=2
             ;;
     esac
