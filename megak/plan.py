@@ -62,7 +62,6 @@ class Plan:
     dropped_ops: list[str] = field(default_factory=list)  # labels of ops no output needs
     stream_pages: int = 0        # pages of each block's weight ring (mk_params.stream_pages;
                                  # 0: no instruction streams its weights)
-    stream_issuers: int = 1      # lanes issuing the ring's copies (mk_params.stream_issuers)
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

@@ -259,7 +259,6 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         dropped_ops=dropped,
         stream_pages=stream_pages(ins, n_pages),
     )
-    plan.stream_issuers = stream_issuers(ins, plan.stream_pages)
     check_deadlock_free(plan, rank=rank)
     if n_virtual:
         # proven deadlock-free with the flagged edges; now the records lose them (fewer
@@ -320,19 +319,6 @@ def stream_pages(ins: np.ndarray, n_pages: int) -> int:
     if len(ins) == 0 or not (ins["flags"] & abi.FLAG_STREAM).any():
         return 0
     return pages.ring_pages(n_pages, int(ins["pages"].max()))
-
-
-def stream_issuers(ins: np.ndarray, ring: int) -> int:
-    """Lanes issuing each block's weight ring (mk_params.stream_issuers; stream.cuh,
-    "streamers"): two where a weight page is streamed for more than one row band (a streamed
-    record past row 0; its column block's pages then come from L2 too, faster than one lane
-    lands copies) and two divide the ring, else one (where two made the H200's batch-16
-    chains slower)."""
-    two = abi.OP_SHAPES["MK_STREAM_ISSUERS"]
-    if ring == 0 or ring % two:
-        return 1
-    streamed = (ins["flags"] & abi.FLAG_STREAM) != 0
-    return two if (ins["row0"][streamed] != 0).any() else 1
 
 
 def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):

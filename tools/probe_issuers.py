@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Probe: does an SM read faster with more lanes issuing its bulk copies?
 
-tools/probe_l2_stream.py (results/l2-stream/) measured one issuing lane per ring: L2-resident
-reads at 5.10 TB/s over 132 SMs (38.6 GB/s an SM) whether 2 or 4 pages were in flight, and
-HBM alone at 4.52 TB/s; yet two lanes of one SM, each its own ring, read 7.2-10.1 TB/s
-together. If one lane's copies are served one after another, the weight stream (one lane,
+tools/probe_l2_stream.py (results/issuers/l2stream.log) measured one issuing lane per ring:
+L2-resident reads at 5.10 TB/s over 132 SMs (38.6 GB/s an SM) whether 2 or 4 pages were in
+flight, and HBM alone at 4.52 TB/s; yet two lanes of one SM, each its own ring, read 7.2-10.1
+TB/s together. If one lane lands its copies at a fixed rate, the weight stream (one lane,
 stream.cuh) caps every SM at ~39 GB/s, and batch 64, whose two row bands read each weight
 page twice (512 KiB an SM a layer, the second read from L2), can take no less than ~13 us a
-layer: its measured k loop (12.4-14.1 us) is that.
+layer: its measured k loop (12.4-14.1 us) is that. Results: results/issuers/probe-issuers.log
+and benchmarks/ANALYSIS.md.
 
 One block per SM (grid = SM count, 208 KiB of dynamic shared memory), up to 4 issuing lanes,
 each its own ring of R chunks (a chunk: 1 or 2 pages of 16 KiB, one `cp.async.bulk` each, its

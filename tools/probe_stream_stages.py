@@ -27,9 +27,8 @@ instead of the combine counter (see _COMBINE_FLAGGED); `noA`, no A staging: the 
 stale A; `Arot`, A's k slices in an order rotated by the SM; `nodeps`, no dependency wait before a
 streamed instruction; `nofence`, no release fence; `relfirst`, the signal's pages handed back
 before its fence; `nohold`, the streamer ignores the hold; `holdnarrow`, only a
-narrow band holds it; `oneissuer`, one streamer lane issues the whole ring; all but `cap`,
-`flagcombine`, `relfirst`, `nohold`, `holdnarrow` and `oneissuer` give wrong results, timing
-only), each
+narrow band holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
+`holdnarrow` give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
 flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
@@ -184,17 +183,12 @@ _NO_HOLD = [(_STREAMER_HOLD, "")]
 _HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);",
                  "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));")]
 
-# One lane issues the whole ring, as before the second streamer warp (stream.cuh, "why two").
-# Results as built.
-_ONE_ISSUER = [("    const mk_u32 issuers = mk_stream_issuers(p);\n",
-                "    const mk_u32 issuers = 1u;\n")]
-
 VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
-            "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW, "oneissuer": _ONE_ISSUER}
+            "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);

@@ -94,9 +94,6 @@ enum mk_op_shapes {
                                   per m16 tile of its instruction (each its share of the box's
                                   k-rows), or per box of a narrow band's stage; the one reader
                                   of a one-tile stage arrives twice */
-    MK_STREAM_ISSUERS = 2,     /* the most lanes issuing the ring's copies, each in a warp of its
-                                  own and owning the slots i with i % issuers == its index
-                                  (mk_params.stream_issuers, stream.cuh) */
     MK_TMAP_BYTES = 128,       /* one CUtensorMap in the binding's table (128-B aligned) */
     /* the Hopper bf16 GEMM (ops/gemm_wgmma.cuh, MK_FLAG_WGMMA): a 128 x 256 tile, k-blocks of
      * 64 through a ring of stages of 3 pages (A's box of 128 rows x 64 k, B's 4 boxes of 64 k
@@ -310,11 +307,6 @@ typedef struct mk_params {
                              program streams nothing); the allocator has n_pages - this */
     mk_u32 stamp;         /* 0 from the host: each block sets its copy, the stamp of this
                              invocation's flagged words, from run_state (flag.cuh) */
-    mk_u32 stream_issuers; /* lanes issuing the weight ring's copies (stream.cuh, "streamers"):
-                             MK_STREAM_ISSUERS where a weight page is streamed for more than
-                             one row band, else 1; the device takes 1 for a value that is not
-                             one of these or does not divide stream_pages */
-    mk_u32 reserved;      /* 0: the size stays a multiple of 8 */
 } mk_params;
 
 /* What the device keeps between invocations of one program, in device memory. The last block

@@ -439,18 +439,16 @@ __device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot,
     return true;
 }
 
-/* A streamer warp (warps MK_STREAMER_WARP + who, who < MK_STREAM_ISSUERS; stream.cuh): where
- * the program has more than `who` issuers, lane 0 walks the block's queue in order and
- * streams the boxes of every streamed instruction into the ring slots it owns (slot % issuers
- * == who), as far ahead as they allow, across instruction boundaries and dependency waits;
- * then drains them. The other lanes wait at the warp barrier. */
-__device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32 lane, mk_u32 who)
+/* The streamer warp (warp MK_THREADS / 32 + 2; stream.cuh): lane 0 walks the block's queue in
+ * order and streams the boxes of every streamed instruction into the ring, as far ahead as
+ * the ring's free slots allow, across instruction boundaries and dependency waits; then
+ * drains. The other lanes wait at the warp barrier. */
+__device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32 lane)
 {
     mk_control& ctl = mk_ctl();
     const mk_params& p = ctl.params;
-    const mk_u32 R = p.stream_pages;
-    const mk_u32 issuers = mk_stream_issuers(p);
-    if (lane == 0 && R > 0 && who < issuers) {
+    if (lane == 0 && p.stream_pages > 0) {
+        const mk_u32 R = p.stream_pages;
         const unsigned char* tmaps = mk_tmaps(p);
         const mk_u32 ring0 = mk_smem_addr(mk_ring_page(p, 0));
         const mk_u64 policy = mk_policy_evict_first();
@@ -473,8 +471,6 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
             const mk_u32 stage_rows = mk_stream_stage_rows(in);
             for (mk_u32 s = 0; s < stages; ++s, ++pos) {
                 const mk_u32 slot = pos % R;
-                if (slot % issuers != who)
-                    continue;   /* another issuer's slot */
                 if (pos >= R && !mk_ring_wait_empty(ctl, slot, ((pos / R) - 1u) & 1u, patience)) {
                     go = false;
                     break;
@@ -492,14 +488,12 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                                    &ctl.ring_full[slot], policy);
             }
         }
-        /* drain: the last stage issued into each of its slots has landed (a copy always
-         * completes; a position past the one that stopped it was never issued) */
+        /* drain: the last stage issued into each slot has landed (a copy always completes) */
         const mk_u64 deadline = mk_deadline(patience);
         for (mk_u32 i = pos > R ? pos - R : 0u; i < pos; ++i)
-            if ((i % R) % issuers == who)
-                while (!mk_mbar_try_wait(&ctl.ring_full[i % R], (i / R) & 1u) &&
-                       mk_globaltimer() <= deadline) {
-                }
+            while (!mk_mbar_try_wait(&ctl.ring_full[i % R], (i / R) & 1u) &&
+                   mk_globaltimer() <= deadline) {
+            }
     }
     __syncwarp();
 }
@@ -916,13 +910,11 @@ __device__ void mk_finish_invocation(const mk_params& p, mk_u32 ticket, mk_resid
         mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);
 }
 
-/* The roles of a block meet here: warps 0-7, the loader warp and the streamer warps (warp 9
- * left after setmaxnreg and takes no part; in the resident kernel's last block it is the
- * relay). Every call site is reached by all MK_JOIN_THREADS threads. */
-enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 32 * (1 + MK_STREAM_ISSUERS),
+/* The roles of a block meet here: warps 0-7, the loader warp and the streamer warp (warps 9
+ * and 11 left after setmaxnreg and take no part). Every call site is reached by all 320
+ * threads. */
+enum { MK_JOIN_BARRIER = 2, MK_JOIN_THREADS = MK_THREADS + 64,
        MK_LOADER_WARP = MK_THREADS / 32, MK_STREAMER_WARP = MK_THREADS / 32 + 2 };
-static_assert(MK_STREAMER_WARP + MK_STREAM_ISSUERS <= MK_BLOCK_THREADS / 32,
-              "the streamer warps fit the block");
 
 __device__ __forceinline__ void mk_join_roles()
 {
@@ -1048,8 +1040,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         const mk_instr* queue = reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin;
         if (warp == MK_LOADER_WARP)
             mk_loader(queue, ctl.n, lane);
-        else if (warp >= MK_STREAMER_WARP && warp < MK_STREAMER_WARP + MK_STREAM_ISSUERS)
-            mk_streamer(queue, ctl.n, lane, warp - MK_STREAMER_WARP);
+        else if (warp == MK_STREAMER_WARP)
+            mk_streamer(queue, ctl.n, lane);
         else
             return;
     } else {
@@ -1278,10 +1270,9 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
 }
 
 /* One role's loop over requests. Thread 0 (a compute thread) reads request s, sets the block
- * up and arrives on request_ready; the other MK_JOIN_THREADS - 1 threads of the three roles
- * wait for it, run the request if the block is active in it, and arrive on request_done,
- * which thread 0 waits for before it counts the block out and rewrites ctl for the next
- * request. Both hand-offs
+ * up and arrives on request_ready; the other 319 threads of the three roles wait for it, run
+ * the request if the block is active in it, and arrive on request_done, which thread 0 waits
+ * for before it counts the block out and rewrites ctl for the next request. Both hand-offs
  * are mbarriers (arrive = release, wait = acquire at CTA scope), not a named barrier: the
  * roles loop in separate code paths, each after its own setmaxnreg, and an aligned barrier
  * must be one instruction for all. Phase k of each barrier is request first + k. */
@@ -1311,7 +1302,7 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
             if (ROLE == MK_ROLE_LOADER)
                 mk_loader(queue, ctl.n, lane);
             else if (ROLE == MK_ROLE_STREAMER)
-                mk_streamer(queue, ctl.n, lane, (tid >> 5) - MK_STREAMER_WARP);
+                mk_streamer(queue, ctl.n, lane);
             else
                 mk_compute();
         }
@@ -1351,7 +1342,7 @@ megakernel_resident(const mk_resident_args a)
             mk_relay(a, lane);
         if (warp == MK_LOADER_WARP)
             mk_serve<MK_ROLE_LOADER>(a, tid, lane);
-        else if (warp >= MK_STREAMER_WARP && warp < MK_STREAMER_WARP + MK_STREAM_ISSUERS)
+        else if (warp == MK_STREAMER_WARP)
             mk_serve<MK_ROLE_STREAMER>(a, tid, lane);
     } else {
         MK_COMPUTE_SETMAXNREG();

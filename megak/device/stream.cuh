@@ -9,24 +9,11 @@
  *            or for a narrow band (MK_FLAG_STREAM_NARROW) ceil(klen / 256) pages of two boxes
  *            of 32 columns x 128 k-rows stacked in k; stage position pos counts them from 0
  *            in each invocation; stage pos lives in slot pos % R
- *   streamers  lane 0 of warps 10 and 11 (mk_streamer in megakernel.cu); n =
- *            p.stream_issuers of them issue (1 or 2, dividing R), issuer j owning the slots i
- *            with i % n == j: each walks the stage positions, and for each stage of its slots
- *            waits until the slot's previous stage was read (ring_empty), arms ring_full with
- *            the stage's bytes (expect_tx: the page, or its first half where a narrow stage's
- *            second box would start past the k range) and issues the copies (evict-first in
- *            L2: weights are read once)
- *   why two  one lane lands a fixed number of copies per microsecond, however many are in
- *            flight: tools/probe_issuers.py (H200, one block per SM, 16 KiB bulk copies from
- *            L2) measured one lane at 35 GB/s an SM with 2, 4 or 8 in flight, one lane of
- *            32 KiB copies and two lanes in their own warps at 70, four at 139. HBM's share
- *            of an SM is ~35 GB/s: one lane is just enough for bytes read once, too few
- *            where stages come from L2 (batch 64 reads each weight page twice, once per
- *            row band). Measured in the megakernel (tools/probe_stream_stages.py, variant
- *            oneissuer, one lease): two issuers took 4096 x 8 at batch 64 from 184.6 to
- *            171.8 us, and made batch 16 slower (116.5 -> 120.6 us; 8192 x 8 302.0 ->
- *            306.9), so the host asks for two only where a page is read by two row bands
- *            (scheduler.stream_issuers)
+ *   streamer warp 10, lane 0 (mk_streamer in megakernel.cu): for each stage, waits until the
+ *            slot's previous stage was read (ring_empty), arms ring_full with the stage's
+ *            bytes (expect_tx: the page, or its first half where a narrow stage's second box
+ *            would start past the k range) and issues the copies (evict-first in L2: weights
+ *            are read once)
  *   loader   gives each instruction its first position and stage count (slot.stream_pos,
  *            slot.stream_stages) from the same predicate, on the same record bytes
  *   compute  the op's warps take the instruction's stages in turn, r warps to a stage for
@@ -37,7 +24,7 @@
  *            the page (a narrow stage's second reader reads nothing where its box was not
  *            copied, and still waits and arrives)
  *
- * The streamers only wait for pages to come back, never for dependencies: while the compute
+ * The streamer only waits for pages to come back, never for dependencies: while the compute
  * warps wait for a layer's activation, the next layers' weights keep arriving, as far ahead as
  * the ring holds.
  *
@@ -59,12 +46,6 @@
  *   - copy -> reader: the bulk copy completes its bytes on ring_full[slot] (complete_tx); a
  *     thread whose try_wait sees that phase complete sees the page's bytes (mbarrier
  *     acquire). One phase per stage: the wait's parity is (pos / R) & 1.
- *   - one issuer per slot: every position of a slot is issued by the slot's owner, in
- *     order, so each issuer's waits below are those of a ring with one streamer. Splitting
- *     the positions any other way breaks the empty wait: an issuer that did not issue
- *     pos - R itself cannot tell its phase from that of pos - 3 R (same parity), and the
- *     split by position parity over an odd R does exactly that (the model's
- *     `issuers_share_slots` shows the overwritten page).
  *   - which phase: a parity wait tells apart only the phase it waits for and the one before,
  *     so the reader of pos must know that pos - R has landed (else the phase of pos - 2 R,
  *     same parity, reads as complete). With every warp reading every stage the reader had
@@ -86,15 +67,15 @@
  *     done with it.
  *   - generic writes -> copies: a ring page may have been written by generic stores before
  *     this invocation (another program of the resident kernel used the page through the
- *     allocator). Each streamer issues fence.proxy.async before its first copy, after the
+ *     allocator). The streamer issues fence.proxy.async before its first copy, after the
  *     request hand-off that ordered those stores before it.
  *   - barrier initialisation: thread 0 initialises the ring barriers in the block's set-up
  *     (mk_begin_invocation), then fence.mbarrier_init (the copy engine completes tx on them),
  *     then the set-up barrier every role passes. Positions restart at 0 in each invocation, so
  *     the resident kernel invalidates and initialises them again per request: the previous
  *     invocation's streamer had drained (below) before the roles met.
- *   - leaving: each streamer waits until every copy it issued has landed (the full phases of
- *     its slots' last stages) before it joins the other roles: no copy writes shared
+ *   - leaving: the streamer waits until every copy it issued has landed (the full phases of
+ *     the last min(pos, R) stages) before it joins the other roles: no copy writes shared
  *     memory after the block has left or the barriers were reinitialised. A compute role
  *     that stops early sets ring_stop: the streamer stops waiting for pages and drains.
  * megak/runtime/stream_model.py states this protocol in Python and catches its misuses.
@@ -135,14 +116,6 @@ __device__ __forceinline__ const unsigned char* mk_tmaps(const mk_params& p)
 __device__ __forceinline__ const mk_u32* mk_tmap_ready(const mk_params& p)
 {
     return reinterpret_cast<const mk_u32*>(mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * p.n_tensors);
-}
-
-/* Lanes issuing the ring (see "streamers"): slot i is issuer i % n's. The host's choice where
- * it is one the ring allows, else one. */
-__device__ __forceinline__ mk_u32 mk_stream_issuers(const mk_params& p)
-{
-    const mk_u32 n = p.stream_issuers;
-    return n >= 1u && n <= (mk_u32)MK_STREAM_ISSUERS && p.stream_pages % n == 0u ? n : 1u;
 }
 
 /* Ring slot i's page. */
@@ -245,7 +218,7 @@ __device__ __forceinline__ void mk_stream_hold(mk_control& ctl, mk_u32 on)
     atomicExch(&ctl.stream_hold, on);
 }
 
-/* A streamer lane, before a copy: wait while the hold is raised, at most MK_STREAM_HOLD_NS. */
+/* Streamer lane 0, before a copy: wait while the hold is raised, at most MK_STREAM_HOLD_NS. */
 __device__ __forceinline__ void mk_stream_hold_wait(mk_control& ctl)
 {
     if (atomicOr(&ctl.stream_hold, 0u) == 0u)

@@ -125,10 +125,6 @@ def validate_plan(plan: Plan) -> None:
     if not 0 <= plan.stream_pages <= plan.n_pages:
         raise GraphError(f"plan.stream_pages = {plan.stream_pages} must be in 0 .. "
                          f"plan.n_pages = {plan.n_pages}")
-    most = abi.OP_SHAPES["MK_STREAM_ISSUERS"]
-    if not 1 <= plan.stream_issuers <= most or plan.stream_pages % plan.stream_issuers:
-        raise GraphError(f"plan.stream_issuers = {plan.stream_issuers} must be in 1 .. {most} "
-                         f"and divide plan.stream_pages = {plan.stream_pages}")
 
 
 MAX_BINDINGS = 64   # tensor tables kept on the device, one per distinct set of caller tensors
@@ -565,7 +561,6 @@ class CudaExecutor:
         self._n_active = active_blocks(self.plan)   # kept: every wait() reports it
         p["n_active"] = self._n_active
         p["stream_pages"] = self.plan.stream_pages
-        p["stream_issuers"] = self.plan.stream_issuers
         mem.htod(b["params"].ptr, self._params_host_buf.ptr, abi.PARAMS_DTYPE.itemsize, self._h)
 
     def _setup_launch_args(self) -> None:

@@ -21,13 +21,11 @@ serves many requests; each invocation has its own queue and ring size R = stream
   stages    the streamed instructions of the queue in order (the predicate: MK_FLAG_STREAM in
             the record and ready[B] in the table), each with `stages` boxes; position pos
             counts them from 0 in each invocation; stage pos lives in slot pos % R.
-  streamer  the invocation's `issuers` of them (1 or ISSUERS, as the host asks where it divides
-            R, else 1: issuers_of, the device's mk_stream_issuers): issuer j walks every
-            position and takes those whose slot has slot % issuers == j. For each: if pos >= R, wait empty[slot] with parity
-            (pos // R - 1) & 1, polling ring_stop between tries (set: stop issuing);
-            issued[slot] = pos; arrive.expect_tx(full[slot], page bytes); issue the copy.
-            Then, before leaving, wait until every copy it issued has landed: the full
-            phases of its own positions among the last min(pos, R), parity (p // R) & 1.
+  streamer  for each stage: if pos >= R, wait empty[slot] with parity (pos // R - 1) & 1,
+            polling ring_stop between tries (set: stop issuing); issued[slot] = pos;
+            arrive.expect_tx(full[slot], page bytes); issue the copy. Then, before leaving,
+            wait until every copy it issued has landed: the full phases of the last
+            min(pos, R) stages, parity (p // R) & 1.
   copy      lands at a later step of its own: writes the page (stage data: invocation,
             instruction, stage), then completes its bytes on full[slot].
   warp w    8 of them; runs the queue in order; stage k of a streamed instruction whose
@@ -120,11 +118,7 @@ tests can show the checks catch it:
     hold_at_entry            the hold is raised as the instruction starts, before its stages
                              are read;
     hold_unbounded           the streamer waits for the hold to be lowered with no deadline
-                             and without looking at ring_stop;
-    issuers_share_slots      the ISSUERS issuers split the positions by pos % ISSUERS
-                             whatever R, so over an odd R a slot's positions alternate
-                             between them and each waits on empty for a phase it did not
-                             open (the slot's owner is what makes the parity exact).
+                             and without looking at ring_stop.
   CombineModel
     last_without_epoch       the last test is old + 1 == parts;
     partial_after_atomic     a part writes its partial after its atomic add;
@@ -159,7 +153,6 @@ WARPS = abi.THREADS // 32
 PAGE_BYTES = abi.PAGE_BYTES
 MAX_RING = abi.OP_SHAPES["MK_STREAM_MAX_RING"]
 READERS = abi.OP_SHAPES["MK_STREAM_READERS"]
-ISSUERS = abi.OP_SHAPES["MK_STREAM_ISSUERS"]
 U32 = 0xFFFFFFFF
 WRAP_LIMIT = 2 ** 31
 
@@ -180,7 +173,7 @@ HOLD_POLLS = 4     # the streamer's polls of a raised hold before it issues anyw
 __all__ = ["CombineModel", "CombineOutcome", "CombineRun", "Invocation", "MBarrier",
            "Priority", "ProtocolViolation", "RandomScheduler", "Record", "RingModel",
            "RingOutcome", "RoundRobin", "boxes_of", "epilogue", "fixed_order_sum", "owners",
-           "holds", "issuers_of", "readers_of", "streamed"]
+           "holds", "readers_of", "streamed"]
 
 
 class ProtocolViolation(ModelViolation):
@@ -288,12 +281,6 @@ class Record:
     hold: bool = False
 
 
-def issuers_of(asked: int, ring: int) -> int:
-    """Lanes issuing a ring of `ring` slots (mk_stream_issuers): the host's `asked` where it is
-    1 .. ISSUERS and divides the ring, else one."""
-    return asked if 1 <= asked <= ISSUERS and ring % asked == 0 else 1
-
-
 def holds(flags: int) -> bool:
     """Whether a record with these flags raises the streamer's hold from its k loop's end to
     its signal (ops/gemm_stream.cuh: every instruction that reads the ring)."""
@@ -331,14 +318,13 @@ def streamed(record: Record, ready: tuple[bool, ...]) -> bool:
 
 @dataclass(frozen=True)
 class Invocation:
-    """One invocation of a block: its queue, the table's ready[] flags, the ring size R, an
-    injected failure or None ((w, i): warp w fails at instruction i, (None, i): the whole
-    compute role stops there), and the issuers the host asks for."""
+    """One invocation of a block: its queue, the table's ready[] flags, the ring size R, and
+    an injected failure or None: (w, i) warp w fails at instruction i, (None, i) the whole
+    compute role stops there."""
     queue: tuple[Record, ...]
     ring: int
     ready: tuple[bool, ...] = (True,) * abi.MAX_TENSORS
     fail: tuple[int | None, int] | None = None
-    issuers: int = 1      # mk_params.stream_issuers
 
     def sequence(self) -> list[tuple[int, int]]:
         """The stages in stream order: (instruction index, stage)."""
@@ -359,13 +345,13 @@ class RingTruth:
     """What the model knows to be so, beside the shared memory: the checks compare against
     it, no actor reads it."""
     sequence: dict = field(default_factory=dict)    # invocation -> [(instr, stage)]
-    issued: dict = field(default_factory=dict)      # invocation -> [(pos, (instr, stage))]
+    issued: dict = field(default_factory=dict)      # invocation -> [(instr, stage)] issued
     consumed: dict = field(default_factory=dict)    # (invocation, warp) -> [(instr, stage)]
     reads: dict = field(default_factory=dict)       # (invocation, pos) -> warps that read it
     gone: dict = field(default_factory=dict)        # invocation -> warps that left early
     in_flight: set = field(default_factory=set)     # (invocation, pos) of copies not landed
     left: set = field(default_factory=set)          # invocations the block has left
-    held: int = 0                                   # the streamers' polls of a raised hold
+    held: int = 0                                   # the streamer's polls of a raised hold
 
 
 @dataclass
@@ -388,8 +374,7 @@ class RingModel:
                  no_drain: bool = False, streamer_ignores_ready: bool = False,
                  silent_failure: bool = False, empty_count_per_warp: bool = False,
                  no_issued_word: bool = False, reader_arrives_for_all: bool = False,
-                 hold_at_entry: bool = False, hold_unbounded: bool = False,
-                 issuers_share_slots: bool = False):
+                 hold_at_entry: bool = False, hold_unbounded: bool = False):
         self.invocations = list(invocations)
         for inv in self.invocations:
             if not 0 <= inv.ring <= MAX_RING:
@@ -413,7 +398,6 @@ class RingModel:
         self.reader_arrives_for_all = reader_arrives_for_all
         self.hold_at_entry = hold_at_entry
         self.hold_unbounded = hold_unbounded
-        self.issuers_share_slots = issuers_share_slots
         # shared memory
         self.pages: list[Page | None] = [None] * MAX_RING
         self.full = [MBarrier() for _ in range(MAX_RING)]
@@ -450,9 +434,7 @@ class RingModel:
         for n, inv in enumerate(self.invocations):
             self._set_up(n, inv)
             yield PROGRESS
-            count = ISSUERS if self.issuers_share_slots else issuers_of(inv.issuers, inv.ring)
-            roles = [Actor(f"streamer{j}", self._streamer(n, inv, j, count))
-                     for j in range(count)]
+            roles = [Actor("streamer", self._streamer(n, inv))]
             roles += [Actor(f"warp{w}", self._warp(n, inv, w)) for w in range(WARPS)]
             self.actors += roles
             yield PROGRESS
@@ -497,9 +479,8 @@ class RingModel:
         t = self.truth
         t.left.add(n)
         if inv.fail is None:
-            issued = [stage for _, stage in sorted(t.issued[n])]
-            _require(issued == t.sequence[n], 5,
-                     f"invocation {n}: the streamers issued {issued}, the loader's "
+            _require(t.issued[n] == t.sequence[n], 5,
+                     f"invocation {n}: the streamer issued {t.issued[n]}, the loader's "
                      f"sequence is {t.sequence[n]}")
             for w in range(WARPS):
                 mine = [stage for stage in t.sequence[n] if w in owners(inv.queue[stage[0]],
@@ -508,22 +489,15 @@ class RingModel:
                          f"invocation {n}: warp {w} read {t.consumed[n, w]} of its {mine}")
 
     # -- the streamer -----------------------------------------------------------------------
-    def _streamer(self, n: int, inv: Invocation, who: int, count: int):
+    def _streamer(self, n: int, inv: Invocation):
         R = inv.ring
         mine = (lambda record: record.stream) if self.streamer_ignores_ready \
             else (lambda record: streamed(record, inv.ready))
         stages = [(i, k) for i, record in enumerate(inv.queue) if mine(record)
                   for k in range(record.stages)]
-
-        def owns(p: int) -> bool:
-            return (p if self.issuers_share_slots else p % R) % count == who
-
         pos = 0
         for stage in stages:
             slot = pos % R
-            if not owns(pos):
-                pos += 1                  # another issuer's slot
-                continue
             if pos >= R and not self.skip_empty_wait:
                 parity = (pos // R) & 1 if self.empty_parity_off_by_one \
                     else ((pos // R) - 1) & 1
@@ -537,7 +511,7 @@ class RingModel:
             yield PROGRESS
             self.full[slot].arrive(expect_tx=PAGE_BYTES)
             yield PROGRESS
-            self.truth.issued[n].append((pos, stage))
+            self.truth.issued[n].append(stage)
             self.truth.in_flight.add((n, pos))
             self.actors.append(Actor(f"copy{slot}",
                                      self._copy(n, pos, slot, Page(n, *stage), self.generation)))
@@ -546,8 +520,6 @@ class RingModel:
         if self.no_drain:
             return
         for p in range(max(0, pos - R), pos):
-            if not owns(p):
-                continue
             slot, parity = p % R, (p // R) & 1
             while not self.full[slot].try_wait(parity):
                 yield f"full[{slot}] parity {parity} (drain)"

@@ -231,27 +231,6 @@ def test_few_pages_leave_no_ring():
     assert (gemm_instrs(plan)["flags"] & abi.FLAG_STREAM).all()
 
 
-@pytest.mark.parametrize("m, n_pages, issuers", [
-    (1, 13, 1), (16, 13, 1), (32, 13, 1),      # one row band: each weight page streamed once
-    (33, 13, 2), (40, 13, 2), (64, 13, 2),     # two: every page streamed for both
-    (40, 6, 1), (40, 5, 2)])                   # a ring of 3 pages (odd) takes one, of 2 two
-def test_two_streamer_lanes_where_a_weight_page_serves_two_row_bands(m, n_pages, issuers):
-    plan = scheduler.build_plan(stream_graph(m, 4096, 1024), n_sm=N_SM, n_pages=n_pages)
-    assert plan.stream_pages == n_pages - gemm.STREAM_PAGES
-    assert plan.stream_issuers == issuers
-
-
-def test_a_plan_asking_for_issuers_the_ring_cannot_take_is_refused():
-    from megak.errors import GraphError
-    from megak.runtime.executor import validate_plan
-    plan = scheduler.build_plan(stream_graph(40, 1024, 256), n_sm=N_SM, n_pages=6)
-    validate_plan(plan)
-    for bad in (0, 2, 3):   # a ring of 3 pages: only one issuer divides it
-        plan.stream_issuers = bad
-        with pytest.raises(GraphError, match="stream_issuers"):
-            validate_plan(plan)
-
-
 def test_few_pages_still_run(rng):
     g = stream_graph(16, 1000, 200, bias=True)
     plan = scheduler.build_plan(g, n_sm=8, n_pages=4)
@@ -542,9 +521,8 @@ def test_stream_ring_sizes_stress(n_pages):
     # stages: a warp takes every 8th stage of its instruction (every 4th, with the warp 4
     # apart, for two m16 tiles: batch 40 mixes both in one queue), so with a small ring the
     # warps wait for positions the streamer issues R at a time into slots whose previous stage
-    # other warps read (the issued word and the two arrivals per phase, stream.cuh), issued
-    # by two streamer lanes for batch 40 on the even rings; run again and again, every result
-    # checked
+    # other warps read (the issued word and the two arrivals per phase, stream.cuh); run
+    # again and again, every result checked
     from megak.runtime.driver import gpu_usable
     if not gpu_usable():
         pytest.skip("needs a GPU")
@@ -558,11 +536,7 @@ def test_stream_ring_sizes_stress(n_pages):
             x = g.gemm(x, g.input(f"w{i}", (k, n), "bfloat16"))
             g.output(x, f"h{i}")
         prog = megak.compile(g, backend="cuda", n_pages=n_pages)
-        ring = min(n_pages - gemm.STREAM_PAGES, 10)
-        assert prog.plan.stream_pages == ring
-        # two streamer lanes where a weight page is streamed for two row bands (batch 40)
-        assert prog.plan.stream_issuers == (2 if m > gemm.STREAM_TILE_M and ring % 2 == 0
-                                            else 1)
+        assert prog.plan.stream_pages == min(n_pages - gemm.STREAM_PAGES, 10)
         assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM).all()
         for run in range(4):
             run_checked(prog, g, chain_inputs(g, rng), f"ring {n_pages - gemm.STREAM_PAGES}, "
