@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import MBARRIER, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import BULK_PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "l2_stream"
 THREADS = 64
@@ -51,24 +51,7 @@ MAX_PAGES = 12
 SMEM = MAX_PAGES * PAGE + 1024
 STAT_WORDS = 8   # per lane: bytes, t_first, t_last, bad pages, errors; 3 spare (kernel: 8)
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
-#define PAGE 16384u
-extern __shared__ __align__(1024) unsigned char smem[];
-
-__device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-""" + MBARRIER + r"""
-__device__ __forceinline__ u64 policy(bool evict_last)
-{
-    u64 p;
-    if (evict_last)
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-    else
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
+SOURCE = BULK_PRELUDE + r"""
 __device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, u32 bytes,
                                           u64* bar, u64 pol)
 {
