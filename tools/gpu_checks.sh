@@ -2,7 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak] [l2stream] [issuers]
+#                       [pageleak] [l2stream] [issuers] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -28,6 +28,8 @@
 #                                                                         -> l2stream.log
 #   issuers   tools/probe_issuers.py: an SM's read rate with 1, 2 or 4 lanes issuing its
 #             bulk copies                                                 -> issuers.log
+#   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
+#             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
@@ -52,7 +54,7 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log l2stream.log issuers.log; do
+                 pageleak.log l2stream.log issuers.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -162,9 +164,14 @@ while [ $i -lt ${#steps[@]} ]; do
             logged issuers.log 200 python3 tools/probe_issuers.py
             rc=$?
             ;;
+        ab)
+            logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
+            rc=$?
+            grep '^|' "$OUT/ab.log"   # the table
+            ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers)"
+                 "callpath, fence, pageleak, l2stream, issuers, ab)"
             rc=2
             ;;
     esac

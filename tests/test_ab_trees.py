@@ -1,0 +1,73 @@
+"""tools/ab_trees.py's CPU half: the trees it prepares hold the revision (and patch) asked for,
+and its table reads the timings the GPU half collects."""
+import difflib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("ab_trees", ROOT / "tools" / "ab_trees.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _git(*args) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.fixture
+def ab_dir():
+    if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout")
+    out = ROOT / "build" / "test-ab-trees"   # inside the checkout: git apply's --directory
+    yield out
+    subprocess.run(["rm", "-rf", str(out)], check=True)
+
+
+def test_prepare_writes_the_revision_the_patch_and_the_order(ab_dir, tmp_path):
+    ab = _tool()
+    init = _git("show", "HEAD:megak/__init__.py").splitlines()
+    # a patch touching megak (kept) and a test file (outside a tree's parts: skipped)
+    patch = tmp_path / "p.patch"
+    patched = [init[0], "# patched", *init[1:]]
+    patch.write_text(
+        "".join(difflib.unified_diff([f"{x}\n" for x in init], [f"{x}\n" for x in patched],
+                                     "a/megak/__init__.py", "b/megak/__init__.py"))
+        + "--- a/tests/nowhere.py\n+++ b/tests/nowhere.py\n@@ -1 +1 @@\n-x\n+y\n")
+    ab.prepare(["base=HEAD", f"new=HEAD:{patch}", "wt=WORKTREE"], ab_dir)
+    assert json.loads((ab_dir / "trees.json").read_text()) == ["base", "new", "wt"]
+    base = (ab_dir / "base" / "megak" / "__init__.py").read_text()
+    assert base.splitlines() == init
+    new = (ab_dir / "new" / "megak" / "__init__.py").read_text().splitlines()
+    assert new == patched
+    assert not (ab_dir / "new" / "tests").exists()
+    for tree in ("base", "new", "wt"):
+        for part in ab.PARTS:
+            assert (ab_dir / tree / part).exists(), (tree, part)
+    assert (ab_dir / "wt" / "megak" / "__init__.py").read_text() == \
+        (ROOT / "megak" / "__init__.py").read_text()
+
+
+@pytest.mark.parametrize("spec", ["noequals", "=HEAD", "a/b=HEAD", "x="])
+def test_a_bad_spec_is_refused(spec):
+    with pytest.raises(SystemExit, match="NAME=REV"):
+        _tool().parse_spec(spec)
+
+
+def test_the_table_puts_rounds_side_by_side_and_ratios_against_the_first_tree():
+    ab = _tool()
+    results = [{"row": "r", "name": "a", "median_us": 100.0},
+               {"row": "r", "name": "b", "median_us": 90.0},
+               {"row": "r", "name": "a", "median_us": 102.0},
+               {"row": "r", "name": "b", "median_us": 92.0}]
+    table = ab.render(results, ["a", "b"], ["r", "missing"]).splitlines()
+    assert table[2] == "| r | 100.0 / 102.0 | 90.0 / 92.0 | 0.901 |"
+    assert table[3] == "| missing | failed | failed |  |"

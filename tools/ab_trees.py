@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Same-lease A/B timing of megak source trees: which of two builds is faster on the W2 rows.
+
+Device time is scarce and GPUs differ from lease to lease by more than most changes move a
+row (the W2 rows have moved 5-10% between leases on unchanged code), so a change is judged
+against its base on ONE machine, the trees alternated round by round. Two steps:
+
+  prepare (CPU machine)   tools/ab_trees.py prepare main=HEAD~1 new=WORKTREE lean=HEAD:fix.patch
+      writes ab/<name>/ (megak, benchmarks, pyproject.toml) for each NAME=REV[:PATCH]: REV
+      from `git archive`, or WORKTREE for this checkout's files as they are; PATCH applied
+      on top with `git apply`. ab/ is git-ignored: carry it to the GPU machine
+      (`carry: ["ab", ".whl"]`).
+  run (GPU machine)       tools/ab_trees.py run [--rows ...] [--rounds 2] [--names ...]
+      builds each tree's megakernel in parallel, then per round times every tree in turn,
+      each in a child process importing that tree (PYTHONPATH=ab/<name>); prints the medians
+      per round and each tree's mean over rounds against the first tree's.
+
+A timing is `python -m benchmarks.report`'s megak variant: Bench.time_megakernel (CUDA events
+around each launch), the workload's own reps, the L2 flushed only where the report flushes it
+(working set <= L2_FLUSH_BYTES: the flush's dirty lines add ~12 us to a 4096 x 8 chain, so a
+flushed figure is not comparable with the report's), outputs checked against the float64
+reference after the timed runs, on outputs poisoned before them.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PARTS = ("megak", "benchmarks", "pyproject.toml")   # what a tree needs to build and time
+ORDER = "trees.json"   # prepare's names in the order given: the base first
+W2_ROWS = ("W2-4096x8-bf16", "W2-4096x8-bf16-b1", "W2-8192x8-bf16", "W2-4096x8-bf16-b64",
+           "W2-1024x16-bf16")
+
+
+# -- prepare (CPU) ---------------------------------------------------------------------------
+def parse_spec(spec: str) -> tuple[str, str, str | None]:
+    """NAME=REV[:PATCH] -> (name, rev, patch or None)."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest or "/" in name or name.startswith("."):
+        raise SystemExit(f"ab_trees: expected NAME=REV[:PATCH], got {spec!r}")
+    rev, _, patch = rest.partition(":")
+    return name, rev, patch or None
+
+
+def prepare(specs: list[str], out: Path) -> list[Path]:
+    out = out.resolve()
+    if not out.is_relative_to(ROOT):   # git apply patches paths under the checkout
+        raise SystemExit(f"ab_trees: --dir {out} must lie inside the checkout {ROOT}")
+    trees = []
+    for name, rev, patch in map(parse_spec, specs):
+        tree = out / name
+        shutil.rmtree(tree, ignore_errors=True)
+        tree.mkdir(parents=True)
+        if rev == "WORKTREE":
+            for part in PARTS:
+                src = ROOT / part
+                if src.is_dir():
+                    shutil.copytree(src, tree / part,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy2(src, tree / part)
+        else:
+            archive = subprocess.run(["git", "archive", rev, *PARTS], cwd=ROOT,
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        if patch:
+            # only the tree's parts: a patch may touch tests and docs too
+            rel = tree.relative_to(ROOT)
+            keep = [f"--include={(rel / part).as_posix()}" + ("" if "." in part else "/*")
+                    for part in PARTS]
+            subprocess.run(["git", "apply", f"--directory={rel.as_posix()}", *keep,
+                            str(Path(patch).resolve())], cwd=ROOT, check=True)
+        trees.append(tree)
+        print(f"ab_trees: {tree} <- {rev}" + (f" + {patch}" if patch else ""))
+    (out / ORDER).write_text(json.dumps([t.name for t in trees]))   # run's default order
+    return trees
+
+
+# -- run (GPU) --------------------------------------------------------------------------------
+def _child_env(tree: Path) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _child(tree: Path, args: list[str], timeout: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(Path(__file__).resolve()), *args],
+                          cwd=tree, env=_child_env(tree), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def time_rows(tag: str, rows: list[str], reps: int | None, seed: int) -> None:
+    """Child: time the megak variant of `rows` with the megak on sys.path; one JSON line each."""
+    import numpy as np
+
+    import megak
+    from benchmarks import workloads as W
+    from megak.runtime.bench import L2_FLUSH_BYTES, Bench
+    rng = np.random.default_rng(seed)
+    for name in rows:
+        w = W.get(name)
+        n, warmup = w.reps["megak"] if reps is None else (reps, 10)
+        inputs = w.make_inputs(rng)
+        ref = w.reference(inputs, rng)
+        prog = megak.compile(w.build(), backend="cuda")
+        bench = Bench(prog)
+        w.check(ref, prog.run(**inputs), "prog.run")
+        bench.upload(**inputs)
+        bench.poison()
+        flush = w.working_set_bytes <= L2_FLUSH_BYTES
+        t = bench.time_megakernel(reps=n, warmup=warmup, flush_l2=flush)
+        err = w.check(ref, bench.outputs(), "the timed runs' outputs")
+        print(json.dumps({"tag": tag, "row": name, "median_us": float(np.median(t)),
+                          "p10_us": float(np.percentile(t, 10)),
+                          "p90_us": float(np.percentile(t, 90)), "reps": n, "flush": flush,
+                          "err_ratio": float(err), "megak": megak.__file__}), flush=True)
+        del bench, prog
+
+
+def render(results: list[dict], names: list[str], rows: list[str]) -> str:
+    """Rows x (each tree's medians per round, its mean over rounds / the first tree's)."""
+    by = {}
+    for r in results:
+        by.setdefault((r["row"], r["name"]), []).append(r["median_us"])
+    base = names[0]
+    head = ["row"] + [f"{n} (us, per round)" for n in names] + [f"{n} / {base}"
+                                                              for n in names[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row]
+        means = {}
+        for n in names:
+            got = by.get((row, n), [])
+            means[n] = statistics.fmean(got) if got else None
+            cells.append(" / ".join(f"{v:.1f}" for v in got) or "failed")
+        for n in names[1:]:
+            ok = means[n] is not None and means[base]
+            cells.append(f"{means[n] / means[base]:.3f}" if ok else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run(out: Path, names: list[str], rows: list[str], rounds: int, reps: int | None,
+        seed: int, arch: str, log: Path | None) -> int:
+    trees = {n: out / n for n in names}
+    missing = [str(t) for t in trees.values() if not (t / "megak").is_dir()]
+    if missing:
+        print(f"ab_trees: no tree at {', '.join(missing)} (prepare first, carry ab/)")
+        return 2
+    # the builds first, all at once: each takes a minute of one core
+    builds = {n: subprocess.Popen(
+        [sys.executable, "-c", f"from megak.runtime import compiler; "
+                               f"compiler.compile_megakernel({arch!r})"],
+        cwd=t, env=_child_env(t), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True) for n, t in trees.items()}
+    for n, p in builds.items():
+        _, err = p.communicate(timeout=400)
+        if p.returncode != 0:
+            print(f"ab_trees: {n} does not build:\n{err[-3000:]}")
+            return 1
+    results, failed = [], 0
+    for k in range(1, rounds + 1):
+        for n, t in trees.items():
+            done = _child(t, ["time", "--tag", f"{n}{k}", "--seed", str(seed), "--rows", *rows]
+                          + ([] if reps is None else ["--reps", str(reps)]), timeout=300)
+            for line in done.stdout.splitlines():
+                if line.startswith("{"):
+                    r = dict(json.loads(line), name=n, round=k)
+                    if not Path(r["megak"]).resolve().is_relative_to(t.resolve()):
+                        raise SystemExit(f"ab_trees: {n} imported {r['megak']}, not its tree")
+                    results.append(r)
+                    print(f"{n} round {k}: {r['row']} {r['median_us']:.1f} us "
+                          f"(p10 {r['p10_us']:.1f}, p90 {r['p90_us']:.1f}, "
+                          f"flush {r['flush']}, max |err|/bound {r['err_ratio']:.2f})",
+                          flush=True)
+            if done.returncode != 0:
+                failed += 1
+                print(f"ab_trees: {n} round {k} failed:\n{done.stderr[-3000:]}", flush=True)
+    table = render(results, names, rows)
+    print(table)
+    if log is not None:
+        log.write_text(json.dumps({"results": results, "table": table}, indent=1))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare", help="CPU: write ab/<name>/ for each NAME=REV[:PATCH]")
+    pp.add_argument("specs", nargs="+", metavar="NAME=REV[:PATCH]")
+    pp.add_argument("--dir", default=str(ROOT / "ab"))
+    pr = sub.add_parser("run", help="GPU: build the trees, time them alternately")
+    pr.add_argument("--dir", default=str(ROOT / "ab"))
+    pr.add_argument("--names", nargs="+",
+                    help="trees, the base first (default: prepare's, in its order)")
+    pr.add_argument("--rows", nargs="+", default=list(W2_ROWS))
+    pr.add_argument("--rounds", type=int, default=2)
+    pr.add_argument("--reps", type=int, help="timed runs per row (default: the workload's)")
+    pr.add_argument("--seed", type=int, default=7)
+    pr.add_argument("--arch", default="sm_90a")
+    pr.add_argument("--json", type=Path, help="write every timing and the table here")
+    pt = sub.add_parser("time", help=argparse.SUPPRESS)
+    pt.add_argument("--tag", required=True)
+    pt.add_argument("--rows", nargs="+", required=True)
+    pt.add_argument("--reps", type=int)
+    pt.add_argument("--seed", type=int, default=7)
+    a = p.parse_args(argv)
+    if a.cmd == "prepare":
+        prepare(a.specs, Path(a.dir))
+        return 0
+    if a.cmd == "time":
+        time_rows(a.tag, a.rows, a.reps, a.seed)
+        return 0
+    out = Path(a.dir)
+    names = a.names
+    if not names and (out / ORDER).is_file():
+        names = json.loads((out / ORDER).read_text())
+    if not names:
+        print(f"ab_trees: no trees under {out} (prepare first, carry ab/)")
+        return 2
+    return run(out, names, a.rows, a.rounds, a.reps, a.seed, a.arch, a.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
