@@ -29,8 +29,9 @@ streamed instruction; `nofence`, no release fence; `relfirst`, the signal's page
 before its fence; `nohold`, the streamer ignores the hold; `holdnarrow`, only a
 narrow band holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
 `holdnarrow` give wrong results, timing only), each
-built twice: marked for the figures, plain (no marks) for the timing (CUDA events, L2
-flushed, median of 40). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
+built twice: marked for the figures, plain (no marks) for the timing (CUDA events, median of
+40, the L2 flushed before each run where the report flushes it: --flush). `lean`: the
+streamer's per-stage loop without divisions (correct results; see _LEAN). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
 build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
 the GPU machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel
 on the GPU machine's spare cores while its other steps run.
@@ -183,7 +184,33 @@ _NO_HOLD = [(_STREAMER_HOLD, "")]
 _HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);",
                  "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));")]
 
-VARIANTS = {"asbuilt": [], "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
+# The streamer's per-stage path without its divisions, its reload of the record and its first
+# clock read (results/lean-streamer/: batch 64 -8%, the narrow bands +2-4% in the report):
+# slot and lap counted, klen read once per instruction, the empty wait's clock read only
+# after a failed first try. Correct results; against "asbuilt", where the narrow bands' time
+# goes (the signal step, 10 -> 11, under the copies in flight).
+_LEAN = [
+    ("    const mk_u64 deadline = mk_deadline(patience);\n"
+     "    while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {\n",
+     "    if (mk_mbar_try_wait(&ctl.ring_empty[slot], parity))\n        return true;\n"
+     "    const mk_u64 deadline = mk_deadline(patience);\n"
+     "    while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {\n"),
+    ("        mk_u32 pos = 0;\n        bool go = true;\n",
+     "        mk_u32 pos = 0, slot = 0, lap = 0;\n        bool go = true;\n"),
+    ("            const int c0 = in.col0, r0 = in.k0;\n",
+     "            const int c0 = in.col0, r0 = in.k0;\n            const mk_u32 klen = (mk_u32)in.klen;\n"),
+    ("                const mk_u32 slot = pos % R;\n"
+     "                if (pos >= R && !mk_ring_wait_empty(ctl, slot, ((pos / R) - 1u) & 1u, patience)) {\n",
+     "                if (lap > 0 && !mk_ring_wait_empty(ctl, slot, (lap - 1u) & 1u, patience)) {\n"),
+    ("narrow && mk_stream_second_box(in, s);",
+     "narrow && klen > 2u * MK_STREAM_BOX_ROWS * s + MK_STREAM_BOX_ROWS;"),
+    ("                                   &ctl.ring_full[slot], policy);\n            }\n",
+     "                                   &ctl.ring_full[slot], policy);\n"
+     "                if (++slot == R) {\n                    slot = 0;\n                    ++lap;\n"
+     "                }\n            }\n"),
+]
+
+VARIANTS = {"asbuilt": [], "lean": _LEAN, "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
@@ -403,12 +430,23 @@ def analyse_layers(m, layers):
     return {"layer": med(layer), "hop": med(hop), "skew": med(skew), "span": med(span)}
 
 
+def flush_for(inputs, args) -> bool:
+    """Whether the timed runs flush the L2 first: as benchmarks.report does (only a working
+    set the flush can evict, <= L2_FLUSH_BYTES), unless --flush always. A flushed run writes
+    the flush's dirty lines back: 4096 x 8 takes ~12 us longer flushed, and the difference
+    between two streamer loops showed only unflushed (benchmarks/ANALYSIS.md)."""
+    from megak.runtime.bench import L2_FLUSH_BYTES
+    return args.flush == "always" or sum(a.nbytes for a in inputs.values()) <= L2_FLUSH_BYTES
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", nargs="*", default=list(VARIANTS))
     ap.add_argument("--cases", nargs="*", default=[c[0] for c in CASES])
     ap.add_argument("--parts", nargs="*", type=int, default=[0],
                     help="k parts per band (0: the lowering's rule)")
+    ap.add_argument("--flush", choices=("report", "always"), default="report",
+                    help="L2 flush before each timed run: as the report does, or always")
     ap.add_argument("--compile-only", action="store_true")
     args = ap.parse_args()
     if args.compile_only:
@@ -436,7 +474,7 @@ def main():
             prog = compile_parts(g, hidden, parts)
             b = Bench(prog)
             b.upload(**inputs)
-            t = float(np.median(b.time_megakernel(reps=40)))
+            t = float(np.median(b.time_megakernel(reps=40, flush_l2=flush_for(inputs, args))))
             b.close()
             prog.close()
             use(v, True)
