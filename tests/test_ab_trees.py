@@ -3,6 +3,7 @@ and its table reads the timings the GPU half collects."""
 import difflib
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -29,7 +30,7 @@ def ab_dir():
         pytest.skip("not a git checkout")
     out = ROOT / "build" / "test-ab-trees"   # inside the checkout: git apply's --directory
     yield out
-    subprocess.run(["rm", "-rf", str(out)], check=True)
+    shutil.rmtree(out, ignore_errors=True)
 
 
 def test_prepare_writes_the_revision_the_patch_and_the_order(ab_dir, tmp_path):
@@ -71,3 +72,19 @@ def test_the_table_puts_rounds_side_by_side_and_ratios_against_the_first_tree():
     table = ab.render(results, ["a", "b"], ["r", "missing"]).splitlines()
     assert table[2] == "| r | 100.0 / 102.0 | 90.0 / 92.0 | 0.901 |"
     assert table[3] == "| missing | failed | failed |  |"
+
+
+def test_an_unknown_revision_or_a_patch_that_does_not_apply_says_so(ab_dir, tmp_path):
+    ab = _tool()
+    with pytest.raises(SystemExit, match="no revision 'no-such-rev'"):
+        ab.prepare(["x=no-such-rev"], ab_dir)
+    bad = tmp_path / "bad.patch"
+    bad.write_text("--- a/megak/__init__.py\n+++ b/megak/__init__.py\n"
+                   "@@ -1,2 +1,2 @@\n-not the first line\n+x\n not the second\n")
+    with pytest.raises(SystemExit, match="does not apply"):
+        ab.prepare([f"x=HEAD:{bad}"], ab_dir)
+
+
+def test_a_directory_outside_the_checkout_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="inside the checkout"):
+        _tool().prepare(["x=HEAD"], tmp_path)

@@ -38,6 +38,13 @@ W2_ROWS = ("W2-4096x8-bf16", "W2-4096x8-bf16-b1", "W2-8192x8-bf16", "W2-4096x8-b
 
 
 # -- prepare (CPU) ---------------------------------------------------------------------------
+def _git(args: list[str], what: str) -> bytes:
+    done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True)
+    if done.returncode != 0:
+        raise SystemExit(f"ab_trees: {what}:\n{done.stderr.decode(errors='replace')}")
+    return done.stdout
+
+
 def parse_spec(spec: str) -> tuple[str, str, str | None]:
     """NAME=REV[:PATCH] -> (name, rev, patch or None)."""
     name, sep, rest = spec.partition("=")
@@ -65,16 +72,15 @@ def prepare(specs: list[str], out: Path) -> list[Path]:
                 else:
                     shutil.copy2(src, tree / part)
         else:
-            archive = subprocess.run(["git", "archive", rev, *PARTS], cwd=ROOT,
-                                     capture_output=True, check=True).stdout
+            archive = _git(["archive", rev, *PARTS], f"no revision {rev!r}")
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         if patch:
             # only the tree's parts: a patch may touch tests and docs too
             rel = tree.relative_to(ROOT)
-            keep = [f"--include={(rel / part).as_posix()}" + ("" if "." in part else "/*")
-                    for part in PARTS]
-            subprocess.run(["git", "apply", f"--directory={rel.as_posix()}", *keep,
-                            str(Path(patch).resolve())], cwd=ROOT, check=True)
+            keep = [f"--include={(rel / part).as_posix()}" + ("/*" if (ROOT / part).is_dir()
+                                                              else "") for part in PARTS]
+            _git(["apply", f"--directory={rel.as_posix()}", *keep, str(Path(patch).resolve())],
+                 f"{patch} does not apply to {rev}")
         trees.append(tree)
         print(f"ab_trees: {tree} <- {rev}" + (f" + {patch}" if patch else ""))
     (out / ORDER).write_text(json.dumps([t.name for t in trees]))   # run's default order
