@@ -31,13 +31,14 @@ narrow band holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
 `holdnarrow` give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, median of
 40, the L2 flushed before each run where the report flushes it: --flush). `lean`: the
-streamer's per-stage loop without divisions (correct results; see _LEAN). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every
-build without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from
-the GPU machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel
-on the GPU machine's spare cores while its other steps run.
+streamer's per-stage loop without divisions (correct results; see _LEAN). `--compile-only`
+fills the compile cache (XDG_CACHE_HOME) for every build without a GPU. The cache key holds
+the NVRTC version: filled where NVRTC differs from the GPU machine's, it misses there, so
+tools/gpu_checks.sh builds the variants in parallel on the GPU machine's spare cores while
+its other steps run.
 
     python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16]
-        [--parts 0 1 8] [--compile-only]
+        [--parts 0 1 8] [--flush report|always] [--compile-only]
 """
 import argparse
 import statistics
@@ -198,7 +199,8 @@ _LEAN = [
     ("        mk_u32 pos = 0;\n        bool go = true;\n",
      "        mk_u32 pos = 0, slot = 0, lap = 0;\n        bool go = true;\n"),
     ("            const int c0 = in.col0, r0 = in.k0;\n",
-     "            const int c0 = in.col0, r0 = in.k0;\n            const mk_u32 klen = (mk_u32)in.klen;\n"),
+     "            const int c0 = in.col0, r0 = in.k0;\n"
+     "            const mk_u32 klen = (mk_u32)in.klen;\n"),
     ("                const mk_u32 slot = pos % R;\n"
      "                if (pos >= R && !mk_ring_wait_empty(ctl, slot, ((pos / R) - 1u) & 1u, patience)) {\n",
      "                if (lap > 0 && !mk_ring_wait_empty(ctl, slot, (lap - 1u) & 1u, patience)) {\n"),
@@ -210,7 +212,8 @@ _LEAN = [
      "                }\n            }\n"),
 ]
 
-VARIANTS = {"asbuilt": [], "lean": _LEAN, "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
+VARIANTS = {"asbuilt": [], "lean": _LEAN,
+            "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
