@@ -1,8 +1,9 @@
 """What the standalone probes share (tools/probe_*.py build their kernels from source strings,
 each its own cubin): the mbarrier operations of the weight ring's protocol, as
 megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude of
-the bulk-copy probes (BULK_PRELUDE: types, pages, the clock, the mbarriers, an L2 policy), the
-`--compile-only` check, and loading a probe's kernel on the GPU."""
+a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
+(BULK_PRELUDE: that, pages, an L2 policy), the `--compile-only` check, and loading a probe's
+kernel on the GPU."""
 import time
 
 MBARRIER = r"""
@@ -52,15 +53,20 @@ def load_kernel(compile_probe, entry: str, smem: int):
     return drv, fn, info, dev.create_stream()
 
 
-BULK_PRELUDE = r"""
+# The types, a shared-memory address, the clock and the mbarriers: what a probe of the ring's
+# protocol starts from (its own `extern __shared__` declaration follows).
+PRELUDE = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
-#define PAGE 16384u
-extern __shared__ __align__(1024) unsigned char smem[];
 
 __device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-""" + MBARRIER + r"""
+""" + MBARRIER
+
+BULK_PRELUDE = PRELUDE + r"""
+#define PAGE 16384u
+extern __shared__ __align__(1024) unsigned char smem[];
+
 /* An L2 policy for a whole copy: kept (evict-last) or let go first (evict-first). */
 __device__ __forceinline__ u64 policy(bool evict_last)
 {

@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import MBARRIER, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "release_order"
 THREADS = 320
@@ -52,14 +52,9 @@ SMEM = 120 * 1024
 VARIANTS = ("red", "red_read", "atom", "red_fence")
 STAT_WORDS = 4   # violations, max late ns, rounds done, timeouts
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
+SOURCE = PRELUDE + r"""
 extern __shared__ __align__(128) unsigned char smem[];
 
-__device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-""" + MBARRIER + r"""
 __device__ __forceinline__ u32 ld_acquire(u32* p)
 { u32 v; asm volatile("ld.acquire.cta.shared::cta.u32 %0, [%1];" : "=r"(v) : "r"(sa(p)) : "memory"); return v; }
 
