@@ -48,7 +48,7 @@ FIELDS = ("q+1", "need", "free", "free_later", "prev_pages", "prev_released", "p
 _ANCHOR = "__device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u64 timeout_ns,\n"
 # the leak's return, after MK_LEAK_GRACE_NS of idle
 _LEAK = ("            else if (now - idle_since > MK_LEAK_GRACE_NS)\n"
-               "                return MK_ERR_PAGE_LEAK;\n")
+         "                return MK_ERR_PAGE_LEAK;\n")
 _RECORD_BODY = f"""            unsigned long long* d = mkp_leak + blockIdx.x * {NFIELD}u;
             if (d[0] == 0ull) {{
                 const mk_slot& v = ctl.slot[(q - 1u) & 1u];
@@ -90,7 +90,7 @@ _RECORD_BODY = f"""            unsigned long long* d = mkp_leak + blockIdx.x * {
             }}
 """
 _RECORD = ("            else if (now - idle_since > MK_LEAK_GRACE_NS) {\n" + _RECORD_BODY +
-                 "                return MK_ERR_PAGE_LEAK;\n            }\n")
+           "                return MK_ERR_PAGE_LEAK;\n            }\n")
 # how often the pages came after the phase (count, longest wait in ns)
 _TAKEN = ("        if (mk_pages_try_acquire(&ctl.free_pages, s.page, need))\n"
           "            return MK_OK;\n        *observed")
