@@ -423,10 +423,16 @@ __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_
 /* Streamer lane 0: wait until the compute warp that reads ring slot `slot`'s previous stage
  * is done with it (phase `parity` of ring_empty). False when the compute role left early
  * (ring_stop) or that warp never came back within `patience` ns: the streamer then stops (a
- * compute warp waiting for a stage that will not come records the timeout itself). */
+ * compute warp waiting for a stage that will not come records the timeout itself). The clock
+ * (the deadline) is read only once a first try failed: while the ring runs ahead of the k
+ * loop the slot is free, and the lane's path per copy sets how fast it refills the ring from
+ * L2 (batch 64, whose second row band reads each weight page from L2: 173.9 -> 161.1 us on
+ * the H200, tools/probe_stream_stages.py variant "lean-try"; benchmarks/ANALYSIS.md). */
 __device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot, mk_u32 parity,
                                                    mk_u64 patience)
 {
+    if (mk_mbar_try_wait(&ctl.ring_empty[slot], parity))
+        return true;
     const mk_u64 deadline = mk_deadline(patience);
     while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {
         if (mk_ring_stopped())
