@@ -31,7 +31,9 @@ narrow band holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
 `holdnarrow` give wrong results, timing only), each
 built twice: marked for the figures, plain (no marks) for the timing (CUDA events, median of
 40, the L2 flushed before each run where the report flushes it: --flush). `lean`: the
-streamer's per-stage loop without divisions (correct results; see _LEAN). `--compile-only`
+streamer's per-stage loop without divisions (correct results; see _LEAN), alone, with its
+copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace` the same
+~150 ns sleep before each copy of the loop as built). `--compile-only`
 fills the compile cache (XDG_CACHE_HOME) for every build without a GPU. The cache key holds
 the NVRTC version: filled where NVRTC differs from the GPU machine's, it misses there, so
 tools/gpu_checks.sh builds the variants in parallel on the GPU machine's spare cores while
@@ -185,17 +187,13 @@ _NO_HOLD = [(_STREAMER_HOLD, "")]
 _HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);",
                  "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));")]
 
-# The streamer's per-stage path without its divisions, its reload of the record and its first
-# clock read (results/lean-streamer/: batch 64 -8%, the narrow bands +2-4% in the report):
-# slot and lap counted, klen read once per instruction, the empty wait's clock read only
-# after a failed first try. Correct results; against "asbuilt", where the narrow bands' time
-# goes (the signal step, 10 -> 11, under the copies in flight).
+# The streamer's per-stage path without its divisions and its reload of the record: slot and
+# lap counted, klen read once per instruction. Correct results. On the H200
+# (results/try-first/): batch 64 faster (158.8 against 173.9 us before the empty wait's first
+# try landed), the narrow bands slower (111.3 against 107.6): their k loops take 0.5 us more
+# and the ring's copies land later (issue -> land 3.4-4.9 us against 2.4-2.8), not the signal
+# step (0.83 us in both). What landed of it is the empty wait's first try before the clock.
 _LEAN = [
-    ("    const mk_u64 deadline = mk_deadline(patience);\n"
-     "    while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {\n",
-     "    if (mk_mbar_try_wait(&ctl.ring_empty[slot], parity))\n        return true;\n"
-     "    const mk_u64 deadline = mk_deadline(patience);\n"
-     "    while (!mk_mbar_try_wait(&ctl.ring_empty[slot], parity)) {\n"),
     ("        mk_u32 pos = 0;\n        bool go = true;\n",
      "        mk_u32 pos = 0, slot = 0, lap = 0;\n        bool go = true;\n"),
     ("            const int c0 = in.col0, r0 = in.k0;\n",
@@ -212,13 +210,19 @@ _LEAN = [
      "                }\n            }\n"),
 ]
 
+# The streamer sleeps ~150 ns before each copy, pacing its issues: in the loop as built slower
+# everywhere; on the lean loop the narrow bands' best figure (benchmarks/ANALYSIS.md).
+_PACE = [(_STREAMER_HOLD, "                __nanosleep(150);\n" + _STREAMER_HOLD)]
+
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
             "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
-            "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW}
+            "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
+            "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
+            "pace": _PACE, "lean-pace": _LEAN + _PACE}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
@@ -412,7 +416,10 @@ def analyse_layers(m, layers):
     sorted by k-loop entry fall into `layers` equal groups. hop = the first entry of layer l + 1
     after the last store of layer l (the signal's fence and add, the consumers' poll, hand-over
     and op entry); skew = its last entry after its first; span = its last store after its last
-    entry (the slowest SM's k loop and tail); layer = store to store."""
+    entry (the slowest SM's k loop and tail); layer = store to store. first = layer 0's last
+    store after its first entry (the ring's first fill: every SM's copies issued at once), chain
+    = the last layer's last store after layer 0's first entry: the per-layer medians leave out
+    layer 0, where two streamer loops can differ."""
     ins = []
     for sm in range(m.shape[0]):
         r = m[sm]
@@ -430,7 +437,8 @@ def analyse_layers(m, layers):
     skew = [entry_max[l] - entry_min[l] for l in range(1, layers)]
     span = [stored[l] - entry_max[l] for l in range(1, layers)]
     layer = [stored[l + 1] - stored[l] for l in range(layers - 1)]
-    return {"layer": med(layer), "hop": med(hop), "skew": med(skew), "span": med(span)}
+    return {"layer": med(layer), "hop": med(hop), "skew": med(skew), "span": med(span),
+            "first": (stored[0] - entry_min[0]) / 1e3, "chain": (stored[-1] - entry_min[0]) / 1e3}
 
 
 def flush_for(inputs, args) -> bool:
