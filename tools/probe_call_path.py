@@ -9,6 +9,8 @@ writes a word):
            with the arguments as a (values, types) tuple or a prebuilt void** address
   sync     cuStreamSynchronize, a cuStreamQuery poll, a spin on a word the kernel writes
            into mapped pinned memory (the kernel's completion seen by the host)
+  graph    the cooperative launch captured into a CUDA graph: cuGraphLaunch, alone and with
+           the spin, and a kernel node's parameter update (graph_paths)
   bind     what reading a torch tensor's identity costs (data_ptr, shape, stride, dtype,
            device), torch.cuda.current_stream(), __cuda_array_interface__, DLPack through
            cuda.core's StridedMemoryView
@@ -44,6 +46,48 @@ def median_us(fn, n: int) -> float:
         fn()
         times.append(time.perf_counter_ns() - t0)
     return statistics.median(times) / 1e3
+
+
+GRAPH_SEQ = 0x5EED   # the word the captured launch writes (its argument, fixed at capture)
+
+
+def graph_paths(drv, ok, h, launch_coop, seqv, word, res: dict, n: int) -> None:
+    """The same cooperative launch captured once into a CUDA graph and replayed: what
+    cuGraphLaunch costs the host against cuLaunchCooperativeKernel. A replay repeats the
+    captured arguments, so a call path built on it would need the run's ticket from
+    elsewhere (the device's own count of runs) or a parameter update per call, timed here
+    as cuGraphExecKernelNodeSetParams."""
+    seqv[0] = GRAPH_SEQ
+    ok(drv.cuStreamBeginCapture(h, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+    launch_coop()
+    graph = ok(drv.cuStreamEndCapture(h))
+    exe = ok(drv.cuGraphInstantiate(graph, 0))
+
+    def replay():
+        ok(drv.cuGraphLaunch(exe, h))
+
+    def replay_spin():
+        word[0] = 0
+        ok(drv.cuGraphLaunch(exe, h))
+        while word[0] != GRAPH_SEQ:
+            pass
+
+    res["cuGraphLaunch, one cooperative kernel node (enqueue)"] = median_us(replay, n)
+    ok(drv.cuStreamSynchronize(h))
+    res["cuGraphLaunch + spin on mapped pinned word"] = median_us(replay_spin, n)
+    ok(drv.cuStreamSynchronize(h))
+    try:
+        err, nodes, _ = drv.cuGraphGetNodes(graph, 1)
+        ok(err)
+        params = ok(drv.cuGraphKernelNodeGetParams(nodes[0]))
+
+        def set_params():
+            ok(drv.cuGraphExecKernelNodeSetParams(exe, nodes[0], params))
+        res["cuGraphExecKernelNodeSetParams (same params)"] = median_us(set_params, n)
+    except Exception as exc:   # a form the bindings refuse: say so, keep the rest
+        print(f"graph node params: {type(exc).__name__}: {exc}")
+    ok(drv.cuGraphExecDestroy(exe))
+    ok(drv.cuGraphDestroy(graph))
 
 
 def main() -> None:
@@ -130,6 +174,10 @@ def main() -> None:
     res["launch + cuStreamQuery poll"] = median_us(launch_query, n)
     res["launch + spin on mapped pinned word"] = median_us(launch_spin, n)
     stream.sync()
+    try:
+        graph_paths(drv, ok, h, launch_coop_addr, seqv, word, res, n)
+    except Exception as exc:   # the other figures stand without it
+        print(f"graph paths: {type(exc).__name__}: {exc}")
 
     try:
         import torch
