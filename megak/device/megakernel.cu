@@ -425,9 +425,9 @@ __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_
  * (ring_stop) or that warp never came back within `patience` ns: the streamer then stops (a
  * compute warp waiting for a stage that will not come records the timeout itself). The clock
  * (the deadline) is read only once a first try failed: while the ring runs ahead of the k
- * loop the slot is free, and the lane's path per copy sets how fast it refills the ring from
- * L2 (batch 64, whose second row band reads each weight page from L2: 173.9 -> 161.1 us on
- * the H200, tools/probe_stream_stages.py variant "lean-try"; benchmarks/ANALYSIS.md). */
+ * loop the slot is free, and the lane's path per copy sets how fast it refills the ring
+ * (batch 64, bound by its lane's ~256 copies an SM: 174 -> 162 us on the H200;
+ * benchmarks/ANALYSIS.md, "The streamer's empty wait tries before it reads the clock"). */
 __device__ __forceinline__ bool mk_ring_wait_empty(mk_control& ctl, mk_u32 slot, mk_u32 parity,
                                                    mk_u64 patience)
 {
