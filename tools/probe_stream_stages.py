@@ -33,7 +33,9 @@ built twice: marked for the figures, plain (no marks) for the timing (CUDA event
 40, the L2 flushed before each run where the report flushes it: --flush). `lean`: the
 streamer's per-stage loop without divisions (correct results; see _LEAN), alone, with its
 copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace` the same
-~150 ns sleep before each copy of the loop as built). `--compile-only`
+~150 ns sleep before each copy of the loop as built); `relaxedpub`, the streamer's publish of
+ring_issued without its release (timing only: the lane's per-copy path without its
+MEMBAR.ALL.CTA). `--compile-only`
 fills the compile cache (XDG_CACHE_HOME) for every build without a GPU. The cache key holds
 the NVRTC version: filled where NVRTC differs from the GPU machine's, it misses there, so
 tools/gpu_checks.sh builds the variants in parallel on the GPU machine's spare cores while
@@ -210,6 +212,11 @@ _LEAN = [
      "                }\n            }\n"),
 ]
 
+# The streamer's publish of ring_issued without its release (a relaxed exchange: no
+# MEMBAR.ALL.CTA before it in the lane's path per copy). Timing only: the reader's inference
+# that pos - R landed then has no happens-before behind it (stream.cuh, "which phase").
+_RELAXED_PUBLISH = [("atom.release.cta.shared::cta.exch.b32", "atom.relaxed.cta.shared::cta.exch.b32")]
+
 # The streamer sleeps ~150 ns before each copy, pacing its issues: in the loop as built slower
 # everywhere; on the lean loop the narrow bands' best figure (benchmarks/ANALYSIS.md).
 _PACE = [(_STREAMER_HOLD, "                __nanosleep(150);\n" + _STREAMER_HOLD)]
@@ -222,7 +229,8 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
             "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
-            "pace": _PACE, "lean-pace": _LEAN + _PACE}
+            "pace": _PACE, "lean-pace": _LEAN + _PACE,
+            "relaxedpub": _RELAXED_PUBLISH, "lean-relaxedpub": _LEAN + _RELAXED_PUBLISH}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
