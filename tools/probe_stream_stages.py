@@ -35,11 +35,10 @@ streamer's per-stage loop without divisions (correct results; see _LEAN), alone,
 copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace` the same
 ~150 ns sleep before each copy of the loop as built); `relaxedpub`, the streamer's publish of
 ring_issued without its release (timing only: the lane's per-copy path without its
-MEMBAR.ALL.CTA). `--compile-only`
-fills the compile cache (XDG_CACHE_HOME) for every build without a GPU. The cache key holds
-the NVRTC version: filled where NVRTC differs from the GPU machine's, it misses there, so
-tools/gpu_checks.sh builds the variants in parallel on the GPU machine's spare cores while
-its other steps run.
+MEMBAR.ALL.CTA). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build
+without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from the GPU
+machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU
+machine's spare cores while its other steps run.
 
     python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16]
         [--parts 0 1 8] [--flush report|always] [--compile-only]
