@@ -12,7 +12,9 @@ given as `out=`, a bound call), the median over N calls of:
   stream       interop.current_stream: torch's current stream, as the fast path asks
   enqueue      executor.launch_bound: the driver's enqueue of the launch, no wait
   run_bound    executor.run_bound: launch and wait on the mapped host word (the fast path
-               minus the key and the stream)
+               minus the key and the stream); the launch a graph replay (graph_launch.py)
+  run_bound direct, run direct
+               the same with the executor's graph_launch off: a cooperative launch each
   run          prog.run, the whole call (the report's megak_run)
   bound        Bound.run of the same call bound once (the report's megak_bound)
   device       the launch timed by CUDA events behind a spin kernel (the report's device
@@ -79,6 +81,11 @@ def steps(name: str, n: int) -> dict:
             enqueue_then_wait()
         out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
         out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
+        out["run_bound via"] = ex.last_launch
+        ex.graph_launch = False
+        out["run_bound direct"] = median_us(lambda: ex.run_bound(call.binding, h), n)
+        out["run direct"] = median_us(lambda: prog.run(out=outs, **tin), n)
+        ex.graph_launch = True
         out["run"] = median_us(lambda: prog.run(out=outs, **tin), n)
         bound = prog.bind(out=outs, **tin)
         out["bound"] = median_us(bound.run, n)

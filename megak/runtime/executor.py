@@ -44,6 +44,7 @@ from ..plan import Plan, TensorSlot
 from . import memory as mem
 from . import tensor_maps
 from .driver import CudaError, _bindings, check, device_info, require_gpu
+from .graph_launch import GraphLauncher
 from .invocation import HostView
 
 
@@ -164,12 +165,19 @@ class _TensorBuffer:
         return (self.slot.rows, self.ld)
 
 
-def _shutdown(state: dict, memory: mem.Memory | None, streams: list) -> None:
-    """Finalizer: free device memory, then the streams. Holds no reference to the executor."""
+def _shutdown(state: dict, memory: mem.Memory | None, streams: list,
+              graphs: list | None = None) -> None:
+    """Finalizer: destroy the launch graphs, free device memory, then the streams. Holds no
+    reference to the executor."""
     if state.get("broken"):
         # A kernel may still be running (the watchdog could not stop it): freeing its memory
         # would block or corrupt. Leak deliberately; the process must restart anyway.
         return
+    for g in graphs or ():
+        try:
+            g.close()
+        except Exception:  # at interpreter exit cuda.bindings may already be gone
+            pass
     failures = memory.close() if memory is not None else []
     for s in streams:
         try:
@@ -215,6 +223,9 @@ class CudaExecutor:
         self._ticket = 0                 # the last launch's ticket (u32, never 0)
         self._bindings: dict = {}        # binding key -> _Binding, least recently used first
         self._streams_by_handle: dict = {}
+        self._graphs: list[GraphLauncher] = []   # run_bound's launch graphs (graph_launch.py)
+        self.graph_launch = True   # run_bound replays a graph (False: launches directly)
+        self.last_launch = None    # how the last launch was enqueued: "graph" or "direct"
 
         validate_plan(plan)
         require_gpu()
@@ -263,7 +274,7 @@ class CudaExecutor:
             self._memory = mem.Memory(device)
             self._allocate()
             self._finalizer = weakref.finalize(self, _shutdown, self._state, self._memory,
-                                               self._streams)
+                                               self._streams, self._graphs)
             self._upload_tables()
         except BaseException:
             self._shutdown_now()
@@ -584,6 +595,9 @@ class CudaExecutor:
                                    # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY; its
                                    # build's MMA n in wgmma_only_n)
         self._launch_kernel = _bindings().cuLaunchCooperativeKernel
+        self._graph_launch = GraphLauncher(self._grid, abi.BLOCK_THREADS, self.smem_bytes,
+                                           self._argv_addr)
+        self._graphs.append(self._graph_launch)
         self.last_binding = None
 
     # -- public -----------------------------------------------------------------------------------
@@ -711,13 +725,15 @@ class CudaExecutor:
         lock, with no handle and no record of the launch's stream, since it is waited for
         here. Raises the run's error, or an earlier one not yet reported."""
         with self._lock:
-            ticket, h = self._launch_bound(binding, stream)
+            ticket, h = self._launch_bound(binding, stream, graph=self.graph_launch)
             self._wait_ticket(ticket, h, "running the megakernel")
             self._raise_pending()
             self.last_status = {"error": abi.ERRORS["MK_OK"], "finished_blocks": self._n_active}
 
-    def _launch_bound(self, binding: _Binding, stream) -> tuple:
-        """(ticket, CUstream) of a launch on a bound table; the caller holds the lock."""
+    def _launch_bound(self, binding: _Binding, stream, graph: bool = False) -> tuple:
+        """(ticket, CUstream) of a launch on a bound table; the caller holds the lock. With
+        `graph`, a replay of the launch graph (graph_launch.py: only for a launch waited for
+        before the next)."""
         self._current()
         if self._state["broken"] or self._state["dead"] or self._finalizer is None:
             self._check_usable()
@@ -733,7 +749,7 @@ class CudaExecutor:
                      self._binding_host.ptr + binding.index * self._table_bytes,
                      self._table_bytes, h)
             binding.uploaded = not self._capturing(h)
-        return self._launch(binding, h, False), h
+        return self._launch(binding, h, False, graph), h
 
     # -- requests of a resident kernel (runtime/resident.py) ------------------------------------
     def prepare_request(self, inputs: dict[int, np.ndarray], outputs: list[int], *,
@@ -1053,18 +1069,26 @@ class CudaExecutor:
         status = check(drv.cuStreamIsCapturing(h), "cuStreamIsCapturing")
         return int(status) != int(drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
 
-    def _launch(self, binding: _Binding | None, h, trace: bool) -> int:
-        """The cooperative launch itself: co-residency of all blocks is guaranteed or it fails."""
+    def _launch(self, binding: _Binding | None, h, trace: bool, graph: bool = False) -> int:
+        """The cooperative launch itself: co-residency of all blocks is guaranteed or it fails.
+        With `graph`, a replay of the same launch as a graph's kernel node where one could be
+        built (graph_launch.py)."""
         self._ticket = (self._ticket + 1) & 0xFFFFFFFF or 1
         self._arg_ptrs[1] = binding.table_ptr if binding is not None \
             else self._dev_buf["tensors"].ptr
         self._arg_ticket[0] = self._ticket
         func = self._function_for(binding, trace)
-        ret = self._launch_kernel(func, self._grid, 1, 1, abi.BLOCK_THREADS, 1, 1,
-                                  self.smem_bytes, h, self._argv_addr)
+        ret = self._graph_launch.launch(func, h) if graph else None
+        if ret is None:
+            ret = self._launch_kernel(func, self._grid, 1, 1, abi.BLOCK_THREADS, 1, 1,
+                                      self.smem_bytes, h, self._argv_addr)
+            self.last_launch = "direct"
+        else:
+            self.last_launch = "graph"
         err = ret[0] if isinstance(ret, tuple) else ret
         if int(err) != 0:
-            raise MegakernelError(f"cuda: cooperative launch of the megakernel failed "
+            how = "cooperative launch" if self.last_launch == "direct" else "graph replay"
+            raise MegakernelError(f"cuda: {how} of the megakernel failed "
                                   f"(grid {self.plan.n_sm}, block {abi.BLOCK_THREADS}, dynamic "
                                   f"smem {self.smem_bytes:,} B): {getattr(err, 'name', err)}")
         if binding is not None:

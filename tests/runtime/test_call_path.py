@@ -155,12 +155,42 @@ def test_the_bound_fast_path_returns_fresh_results_and_raises_its_errors(gen):
             out = prog.run(out={"y": y}, **x)
             assert out["y"] is y and out is not first and list(out) == ["y"]
             check(g, x, y, f"fast path run {i}")
+            assert prog._executor.last_launch == "graph"    # runtime/graph_launch.py
         assert len(prog._calls) == 1
         with planted_hang(prog), pytest.raises(megak.MegakernelHang, match="MK_ERR_TIMEOUT"):
             prog.run(out={"y": y}, **x)
+        assert prog._executor.last_launch == "graph"
         y.fill_(float("nan"))
         prog.run(out={"y": y}, **x)
         check(g, x, y, "fast path after the hang")
+
+
+def test_graph_replays_and_launches_interleaved_on_two_bindings(gen):
+    """Program.run's bound case replays one cooperative graph node with each call's table
+    and ticket (runtime/graph_launch.py); launches (direct, capturable) and runs on another
+    binding come between them. Fresh values every call, outputs poisoned first."""
+    from cuda.bindings import driver as drv
+    g = chain_graph(2, m=8, n=64)
+    with megak.compile(g, backend="cuda") as prog:
+        sets = [(tensors(g, gen), poisoned(g)) for _ in range(2)]
+        ex = prog._executor
+        for i in range(12):
+            x, y = sets[i % 2]
+            for t in x.values():
+                t.copy_(torch.rand(t.shape, generator=gen, device="cuda") * 2 - 1)
+            y.fill_(float("nan"))
+            if i % 3 == 2:
+                prog.launch(out={"y": y}, **x).wait()
+                assert ex.last_launch == "direct"
+            else:
+                prog.run(out={"y": y}, **x)
+                assert ex.last_launch == "graph" or i < 2   # a binding's first run checks
+            check(g, x, y, f"call {i}")
+        assert ex._graph_launch.error is None
+        (_, _, node, _, *_), = ex._graph_launch._graphs.values()
+        attr = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        err, value = drv.cuGraphKernelNodeGetAttribute(node, attr)
+        assert int(err) == 0 and value.cooperative == 1
 
 
 def test_the_fast_path_with_an_output_that_is_an_input(gen):

@@ -335,6 +335,9 @@ class _FakeGpu:
         self.free_bytes = 100 << 30
         self.query = lambda: self.ok
         self.kernel = self.nop_kernel
+        self.graphs = {}            # live graphs and executable graphs: handle -> what
+        self.calls = []             # the launch calls made, by name
+        self.refuse_graphs = False  # cuGraphInstantiate fails (a driver without the feature)
         fake = self
 
         class Drv:
@@ -360,13 +363,45 @@ class _FakeGpu:
                 return (R.CUDA_SUCCESS,
                         real.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE)
             def cuLaunchCooperativeKernel(self, f, gx, gy, gz, bx, by, bz, smem, h, argv):
-                import ctypes
                 assert bx == abi.BLOCK_THREADS and (gy, gz, by, bz) == (1, 1, 1, 1)
-                args = (ctypes.c_void_p * 3).from_address(argv)
-                params = ctypes.c_uint64.from_address(args[0]).value
-                tensors = ctypes.c_uint64.from_address(args[1]).value
-                ticket = ctypes.c_uint32.from_address(args[2]).value
-                fake.kernel(params, tensors, ticket)
+                fake.calls.append("cuLaunchCooperativeKernel")
+                fake.kernel(*fake.arguments(argv))
+                return fake.ok
+            # graphs: a node's arguments are read when its parameters are set, as the
+            # driver copies them; a replay runs the kernel with those
+            def cuGraphCreate(self, flags):
+                g = real.CUgraph(fake.handle("graph"))
+                return (R.CUDA_SUCCESS, g)
+            def cuGraphAddKernelNode(self, g, deps, n, params):
+                assert int(g) in fake.graphs and n == 0
+                assert params.blockDimX == abi.BLOCK_THREADS and params.gridDimY == 1
+                fake.graphs[int(g)] = ("graph", fake.arguments(int(params.kernelParams)))
+                return (R.CUDA_SUCCESS, real.CUgraphNode(int(g)))
+            def cuGraphKernelNodeSetAttribute(self, node, attr, value):
+                assert attr == real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+                assert value.cooperative == 1
+                fake.graphs[int(node)] += ("cooperative",)
+                return fake.ok
+            def cuGraphInstantiate(self, g, flags):
+                if fake.refuse_graphs:
+                    return (R.CUDA_ERROR_NOT_SUPPORTED, None)
+                assert fake.graphs[int(g)][-1] == "cooperative"
+                e = fake.handle("exec")
+                fake.graphs[e] = ["exec", fake.graphs[int(g)][1]]
+                return (R.CUDA_SUCCESS, real.CUgraphExec(e))
+            def cuGraphExecKernelNodeSetParams(self, e, node, params):
+                fake.calls.append("cuGraphExecKernelNodeSetParams")
+                fake.graphs[int(e)][1] = fake.arguments(int(params.kernelParams))
+                return fake.ok
+            def cuGraphLaunch(self, e, h):
+                fake.calls.append("cuGraphLaunch")
+                fake.kernel(*fake.graphs[int(e)][1])
+                return fake.ok
+            def cuGraphExecDestroy(self, e):
+                assert fake.graphs.pop(int(e))[0] == "exec"
+                return fake.ok
+            def cuGraphDestroy(self, g):
+                assert fake.graphs.pop(int(g))[0] == "graph"
                 return fake.ok
             def cuMemFree(self, p): del fake.mem[int(p)]; return fake.ok
             def cuMemFreeHost(self, p): del fake.mem[int(p)]; return fake.ok
@@ -421,6 +456,19 @@ class _FakeGpu:
         self.compiler = types.SimpleNamespace(
             compile_megakernel=lambda arch, defines=None: types.SimpleNamespace(
                 cubin=b"", arch=arch, defines=defines))
+
+    def handle(self, what: str) -> int:
+        h = 0x1000 + 16 * (1 + max(self.graphs, default=0) // 16)
+        self.graphs[h] = (what,)
+        return h
+
+    def arguments(self, argv: int) -> tuple[int, int, int]:
+        """(params, tensors, ticket): the kernel's first three arguments, read now."""
+        import ctypes
+        args = (ctypes.c_void_p * 3).from_address(argv)
+        return (ctypes.c_uint64.from_address(args[0]).value,
+                ctypes.c_uint64.from_address(args[1]).value,
+                ctypes.c_uint32.from_address(args[2]).value)
 
     def alloc(self, n):
         import ctypes
@@ -508,16 +556,17 @@ def fake_gpu(monkeypatch):
 
     from cuda.bindings import driver as real
 
-    from megak.runtime import driver, executor, memory
+    from megak.runtime import driver, executor, graph_launch, memory
     gc.collect()  # real executors left by earlier tests are finalized with the real driver
     fake = _FakeGpu(real)
     monkeypatch.setattr(driver, "_detect", lambda: (True, "fake"))
-    for module in (driver, memory, executor):
+    for module in (driver, memory, executor, graph_launch):
         monkeypatch.setattr(module, "_bindings", lambda: fake.drv)
     monkeypatch.setitem(sys.modules, "cuda.core", fake.core)
     monkeypatch.setitem(sys.modules, "megak.runtime.compiler", fake.compiler)
     yield fake
     assert not fake.mem, f"{len(fake.mem)} fake allocations never freed"
+    assert not fake.graphs, f"graphs never destroyed: {fake.graphs}"
 
 
 @pytest.mark.parametrize("managed", [False, True], ids=["device", "managed"])
@@ -605,6 +654,70 @@ def test_fake_watchdog_aborts_a_kernel_that_ignores_its_deadlines(fake_gpu, monk
     ex.close()
     assert fake_gpu.mem
     fake_gpu.mem.clear()
+
+
+def test_fake_bound_run_replays_a_cooperative_graph_with_each_launchs_ticket(fake_gpu):
+    """executor.run_bound (Program.run's bound case) replays a one-node graph whose node
+    takes each launch's arguments (graph_launch.py); launch_bound, run and numpy runs launch
+    directly; the graphs go with the executor."""
+    from megak.interop import DeviceArray
+    from megak.runtime.executor import CudaExecutor
+    tickets = []
+    run_nops = fake_gpu.kernel
+
+    def kernel(params, tensors, ticket):
+        tickets.append((tensors, ticket))
+        run_nops(params, tensors, ticket)
+    fake_gpu.kernel = kernel
+    ptrs = [fake_gpu.alloc(4 * 4 * 4), fake_gpu.alloc(4 * 4 * 4)]
+    try:
+        with CudaExecutor(handoff_plan()) as ex:
+            bindings = []
+            for p in ptrs:
+                ex.run({}, [], external={0: DeviceArray(None, "cuda", p, (4, 4), (4, 1),
+                                                        "float32", 0)})
+                assert ex.last_launch == "direct"
+                bindings.append(ex.last_binding)
+            fake_gpu.calls.clear()
+            for k in range(4):
+                b = bindings[k % 2]
+                ex.run_bound(b, None)
+                assert ex.last_launch == "graph"
+                assert tickets[-1] == (b.table_ptr, ex._ticket) and b.last_ticket == ex._ticket
+                assert ex._host.done(ex._ticket)
+            assert fake_gpu.calls == ["cuGraphExecKernelNodeSetParams", "cuGraphLaunch"] * 4
+            assert [t for _, t in tickets[-4:]] == [tickets[-4][1] + i for i in range(4)]
+            assert sum(1 for g in fake_gpu.graphs.values() if g[0] == "exec") == 1
+            ex.wait(ex.launch_bound(bindings[0], None))   # may be captured: launched directly
+            assert ex.last_launch == "direct" and fake_gpu.calls[-1] == \
+                "cuLaunchCooperativeKernel"
+            ex.graph_launch = False
+            ex.run_bound(bindings[1], None)
+            assert ex.last_launch == "direct" and tickets[-1] == (bindings[1].table_ptr,
+                                                                   ex._ticket)
+        assert not fake_gpu.graphs
+    finally:
+        for p in ptrs:
+            del fake_gpu.mem[p]
+
+
+def test_fake_bound_run_launches_directly_where_no_graph_can_be_built(fake_gpu):
+    from megak.interop import DeviceArray
+    from megak.runtime.executor import CudaExecutor
+    fake_gpu.refuse_graphs = True
+    ptr = fake_gpu.alloc(4 * 4 * 4)
+    try:
+        with CudaExecutor(handoff_plan()) as ex:
+            ex.run({}, [], external={0: DeviceArray(None, "cuda", ptr, (4, 4), (4, 1),
+                                                    "float32", 0)})
+            for _ in range(2):
+                ex.run_bound(ex.last_binding, None)
+                assert ex.last_launch == "direct" and ex._host.done(ex._ticket)
+            assert "CUDA_ERROR_NOT_SUPPORTED" in ex._graph_launch.error
+            assert fake_gpu.calls.count("cuLaunchCooperativeKernel") == 3
+        assert not fake_gpu.graphs   # the refused graph was destroyed with its failure
+    finally:
+        del fake_gpu.mem[ptr]
 
 
 def test_fake_sticky_error_is_raised_with_its_name(fake_gpu):
