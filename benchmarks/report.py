@@ -162,7 +162,9 @@ def make_result(workload: str, variant: str, times_us, metric: str, work: float,
     med = float(np.median(t))
     return {"workload": workload, "variant": variant, "median_us": med, "metric": metric,
             "value": float(metric_value(metric, med, work)), "reps": int(len(t)),
-            "min_us": float(t.min()), "max_us": float(t.max()), "check": check}
+            "min_us": float(t.min()), "max_us": float(t.max()),
+            "p10_us": float(np.percentile(t, 10)), "p90_us": float(np.percentile(t, 90)),
+            "check": check}
 
 
 def weights_tb_s(weight_bytes: float, median_us: float) -> float:

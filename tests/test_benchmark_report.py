@@ -60,6 +60,7 @@ def test_make_result_is_a_median_with_spread():
     r = R.make_result("W1", "megak", [3.0, 1.0, 2.0, 100.0], "us/op", 2, "exact")
     assert r["median_us"] == 2.5 and r["value"] == 1.25
     assert (r["reps"], r["min_us"], r["max_us"]) == (4, 1.0, 100.0)
+    assert (r["p10_us"], r["p90_us"]) == pytest.approx((1.3, 70.9))   # numpy's linear rule
     assert set(R.RESULT_KEYS) <= set(r)
     with pytest.raises(ValueError, match="no timed runs"):
         R.make_result("W1", "megak", [], "us", 0, "")
