@@ -54,3 +54,22 @@ def test_the_page_leak_records_apply(source):
         out = probe.patched(source, marks)   # asserts every anchor matches once
         assert "mkp_leak[" in out and "mkp_late[" in out
         assert ("mkp_m[3] = mk_globaltimer();" in out) == marks
+
+
+def test_the_stage_probe_reads_landings_as_a_delivery_rate(source):
+    """Synthetic marks: 2 SMs, a page landing each microsecond on each, 3 us after its issue
+    and read 0.5 us after landing, then 4 us with nothing landing: 2 pages/us = 32.8 GB/s."""
+    import numpy as np
+    probe = importlib.import_module("probe_stream_stages")
+    m = np.zeros((132, probe.MAXPOS, probe.NMARK), dtype=np.int64)
+    for sm in range(2):
+        m[sm, 0, 1] = 10_000                          # the first k-loop entry
+        for pos in range(20):
+            land = 13_000 + 1000 * pos + (4000 if pos >= 10 else 0)
+            m[sm, pos, 0], m[sm, pos, probe.LANDED], m[sm, pos, 3] = land - 3000, land, land + 500
+    figures, timeline = probe.analyse_landing(m)
+    rate = 2 * 16384 / 1e-6 / 1e12
+    assert timeline == pytest.approx([0.0] * 3 + [rate] * 10 + [0.0] * 4 + [rate] * 10)
+    assert figures["land TB/s p50"] == pytest.approx(rate)
+    assert figures["low bins"] == pytest.approx(7 / 27)
+    assert (figures["issue->land (all)"], figures["land->seen"]) == pytest.approx((3.0, 0.5))

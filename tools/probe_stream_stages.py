@@ -20,6 +20,13 @@ and stages, or instructions) of
     gap             its tail's end to the next instruction's k-loop entry on the same SM
                     (the release fence and signal, the next one's dependency wait and
                     hand-over)
+  per chain, from a watcher lane's stamp of each stage's landing (warp 11, marked builds):
+    land TB/s       the pages landed per microsecond over all SMs, as a rate: p10 / p50 /
+                    p90 over the chain, the share of microseconds under half the median,
+                    and the whole timeline on a line of its own (where HBM idles)
+    issue->land (all), land->seen
+                    every stage's copy latency, and how long a landed page waited for its
+                    reader
 
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
 at most F copies in flight; `flagcombine`, a band's parts meet through stamped partials
@@ -56,11 +63,43 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 16   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done; per
-             # instruction, at its first position: 1 k-loop entry, 5 k loop done, 6 reduced,
-             # 7 combined, 8 epilogue stored (the last part only); the interpreter around it:
-             # 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken (L3),
-             # 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
+NMARK = 17   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done, 16
+             # landed (the watcher, below); per instruction, at its first position: 1 k-loop
+             # entry, 5 k loop done, 6 reduced, 7 combined, 8 epilogue stored (the last part
+             # only); the interpreter around it: 10 compute barrier passed (C3), 11 signalled
+             # (C4), 12 loader: pages taken (L3), 13 loader: handed over (L7), 14 compute:
+             # hand-over seen (C1), 15 op entry
+LANDED = 16
+
+# The marked build's watcher: warp 11 (idle otherwise: it leaves after setmaxnreg) follows
+# the ring's stage positions as the streamer issues them and stamps each stage's landing
+# (its slot's full phase completing), so the chain's HBM delivery can be read over time,
+# apart from when a reader first looks. A stage landing before the one the lane waits on is
+# stamped when the lane gets to it (copies land nearly in order); timing only, with the
+# streamer's deadline.
+_WATCHER = """
+__device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 lane)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    if (lane != 0 || p.stream_pages == 0)
+        return;
+    const mk_u32 R = p.stream_pages;
+    mk_u32 total = 0;
+    for (mk_u32 q = 0; q < n; ++q)
+        total += mk_stream_stages(queue[q], p);
+    const mk_u64 deadline = mk_deadline(mk_patience(p.timeout_ns));
+    for (mk_u32 pos = 0; pos < total; ++pos) {
+        while (!mk_mbar_try_wait(&ctl.ring_full[pos % R], (pos / R) & 1u))
+            if (mk_ring_stopped() || mk_globaltimer() > deadline)
+                return;
+        MKP(pos, 16);
+    }
+}
+
+"""
+_LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead"
+_IDLE_WARPS = "            mk_streamer(queue, ctl.n, lane);\n        else\n            return;\n"
 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot],\n"
 
@@ -284,6 +323,11 @@ MARKS = [
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
     # the interpreter between two streamed instructions of a block
+    # the watcher (warp 11, marked builds only)
+    (_LOADER_DOC, _WATCHER + _LOADER_DOC),
+    (_IDLE_WARPS, "            mk_streamer(queue, ctl.n, lane);\n"
+                  "        else {\n            if (warp == MK_STREAMER_WARP + 1)\n"
+                  "                mkp_watch(queue, ctl.n, lane);\n            return;\n        }\n"),
     ("        /* C3 */\n        mk_compute_sync();\n",
      "        /* C3 */\n        mk_compute_sync();\n"
      "        if (tid == 0 && s.stream_stages > 0) MKP(s.stream_pos, 10);\n"),
@@ -448,6 +492,35 @@ def analyse_layers(m, layers):
             "first": (stored[0] - entry_min[0]) / 1e3, "chain": (stored[-1] - entry_min[0]) / 1e3}
 
 
+def analyse_landing(m, bin_ns: int = 1000):
+    """The GPU's weight delivery over the marked chain, from the watcher's landing stamps:
+    every stage is a page (16 KiB), so the stages landed per `bin_ns` over all SMs are a rate.
+    land TB/s p10/p50/p90 over the bins from the first k-loop entry to the last landing;
+    low bins = the share of them under half the median; issue->land = every stage's copy
+    latency (issue to landing, not only the stages a warp waited for); land->seen = landing to
+    its reader seeing it full (a large one: pages wait for readers, not readers for pages).
+    Returns (figures, the per-bin TB/s for the timeline line)."""
+    from megak import pages
+    landed, issued, seen = m[:, :, LANDED], m[:, :, 0], m[:, :, 3]
+    ok = landed != 0
+    if not ok.any():
+        return {}, []
+    start = int(m[:, :, 1][m[:, :, 1] != 0].min())
+    t = np.sort(landed[ok]) - start
+    t = t[t >= 0]
+    edges = np.arange(0, (int(t[-1]) // bin_ns + 2) * bin_ns, bin_ns)   # the last in a bin
+    counts, _ = np.histogram(t, bins=edges)
+    tbs = counts * pages.PAGE_BYTES / (bin_ns * 1e-9) / 1e12
+    both = ok & (issued != 0)
+    read = ok & (seen != 0)
+    p50 = float(np.median(tbs))
+    return ({"land TB/s p10": float(np.percentile(tbs, 10)), "land TB/s p50": p50,
+             "land TB/s p90": float(np.percentile(tbs, 90)),
+             "low bins": float(np.mean(tbs < p50 / 2)),
+             "issue->land (all)": med((landed - issued)[both]),
+             "land->seen": med((seen - landed)[read])}, tbs.tolist())
+
+
 def flush_for(inputs, args) -> bool:
     """Whether the timed runs flush the L2 first: as benchmarks.report does (only a working
     set the flush can evict, <= L2_FLUSH_BYTES), unless --flush always. A flushed run writes
@@ -506,9 +579,12 @@ def main():
             drv.cuMemsetD8(dptr, 0, 132 * MAXPOS * NMARK * 8)
             prog.run(**inputs)
             m, _ = marks_of(prog)
-            a = analyse(m) | analyse_layers(m, layers)
+            landing, timeline = analyse_landing(m)
+            a = analyse(m) | analyse_layers(m, layers) | landing
             print(f"{name:12s} {v:8s} parts {parts or 'rule'} {t:8.1f} us  max|err| {err:.3g}  " +
                   "  ".join(f"{k} {x:.3f}" for k, x in a.items()), flush=True)
+            print(f"{name:12s} {v:8s} land TB/s per us: " +
+                  " ".join(f"{x:.1f}" for x in timeline), flush=True)
             prog.close()
     compiler.device_source = _ORIGINAL
 
