@@ -11,6 +11,9 @@ given as `out=`, a bound call), the median over N calls of:
   lookup       Program._bound_call: the key plus the call cache's lookup
   stream       interop.current_stream: torch's current stream, as the fast path asks
   enqueue      executor.launch_bound: the driver's enqueue of the launch, no wait
+  enqueue graph  the same launch as run_bound enqueues it: a graph replay (graph_launch.py)
+  is capturing   cuStreamIsCapturing on the call's stream: what asking it per launch would
+               cost (a launch() that replays the graph where the stream is not capturing)
   run_bound    executor.run_bound: launch and wait on the mapped host word (the fast path
                minus the key and the stream); the launch a graph replay (graph_launch.py)
   run_bound direct, run direct
@@ -40,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 
 import megak  # noqa: E402
 from megak import interop  # noqa: E402
+from megak.runtime.driver import _bindings  # noqa: E402
 
 
 def median_us(fn, n: int, warmup: int = 20) -> float:
@@ -77,9 +81,20 @@ def steps(name: str, n: int) -> dict:
             t = time.perf_counter_ns() - t0
             ex.wait(ticket)
             return t
+        def replay_then_wait():
+            t0 = time.perf_counter_ns()
+            with ex._lock:
+                ticket, _ = ex._launch_bound(call.binding, h, graph=True)
+            t = time.perf_counter_ns() - t0
+            ex.wait(ticket)
+            return t
         for _ in range(20):
             enqueue_then_wait()
+            replay_then_wait()
         out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
+        out["enqueue graph"] = statistics.median(replay_then_wait() for _ in range(n)) / 1e3
+        drv = _bindings()
+        out["is capturing"] = median_us(lambda: drv.cuStreamIsCapturing(h), n)
         out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
         out["run_bound via"] = ex.last_launch
         ex.graph_launch = False
