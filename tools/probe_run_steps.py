@@ -75,24 +75,24 @@ def steps(name: str, n: int) -> dict:
         out["lookup"] = median_us(lambda: prog._bound_call(tin, outs), n)
         out["stream"] = median_us(lambda: interop.current_stream(call.kind, ex.ordinal), n)
 
-        def enqueue_then_wait():
-            t0 = time.perf_counter_ns()
-            ticket = ex.launch_bound(call.binding, h)
-            t = time.perf_counter_ns() - t0
-            ex.wait(ticket)
-            return t
-        def replay_then_wait():
-            t0 = time.perf_counter_ns()
+        def direct():
+            return ex.launch_bound(call.binding, h)
+
+        def replay():                     # as run_bound enqueues it, without its wait
             with ex._lock:
-                ticket, _ = ex._launch_bound(call.binding, h, graph=True)
+                return ex._launch_bound(call.binding, h, graph=True)[0]
+
+        def enqueue_then_wait(launch):
+            t0 = time.perf_counter_ns()
+            ticket = launch()
             t = time.perf_counter_ns() - t0
             ex.wait(ticket)
             return t
         for _ in range(20):
-            enqueue_then_wait()
-            replay_then_wait()
-        out["enqueue"] = statistics.median(enqueue_then_wait() for _ in range(n)) / 1e3
-        out["enqueue graph"] = statistics.median(replay_then_wait() for _ in range(n)) / 1e3
+            enqueue_then_wait(direct)
+            enqueue_then_wait(replay)
+        for name, launch in (("enqueue", direct), ("enqueue graph", replay)):
+            out[name] = statistics.median(enqueue_then_wait(launch) for _ in range(n)) / 1e3
         drv = _bindings()
         out["is capturing"] = median_us(lambda: drv.cuStreamIsCapturing(h), n)
         out["run_bound"] = median_us(lambda: ex.run_bound(call.binding, h), n)
