@@ -93,11 +93,11 @@ __device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 l
         while (!mk_mbar_try_wait(&ctl.ring_full[pos % R], (pos / R) & 1u))
             if (mk_ring_stopped() || mk_globaltimer() > deadline)
                 return;
-        MKP(pos, 16);
+        MKP(pos, LANDED);
     }
 }
 
-"""
+""".replace("LANDED", str(LANDED))
 _LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead"
 _IDLE_WARPS = "            mk_streamer(queue, ctl.n, lane);\n        else\n            return;\n"
 
@@ -322,12 +322,12 @@ MARKS = [
      "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
-    # the interpreter between two streamed instructions of a block
     # the watcher (warp 11, marked builds only)
     (_LOADER_DOC, _WATCHER + _LOADER_DOC),
     (_IDLE_WARPS, "            mk_streamer(queue, ctl.n, lane);\n"
                   "        else {\n            if (warp == MK_STREAMER_WARP + 1)\n"
                   "                mkp_watch(queue, ctl.n, lane);\n            return;\n        }\n"),
+    # the interpreter between two streamed instructions of a block
     ("        /* C3 */\n        mk_compute_sync();\n",
      "        /* C3 */\n        mk_compute_sync();\n"
      "        if (tid == 0 && s.stream_stages > 0) MKP(s.stream_pos, 10);\n"),
