@@ -42,7 +42,11 @@ streamer's per-stage loop without divisions (correct results; see _LEAN), alone,
 copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace` the same
 ~150 ns sleep before each copy of the loop as built); `relaxedpub`, the streamer's publish of
 ring_issued without its release (timing only: the lane's per-copy path without its
-MEMBAR.ALL.CTA). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build
+MEMBAR.ALL.CTA). Around the tail (correct results unless said): `hpfN` / `hpfr6`, TMA
+prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in flight; `l2pf0`,
+`l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no epilogue
+stores (timing only); `nofence-nohold` and `nodeps-nofence-nohold`, the ceilings of any
+signalling scheme (timing only). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build
 without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from the GPU
 machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU
 machine's spare cores while its other steps run.
@@ -74,9 +78,11 @@ LANDED = 16
 # The marked build's watcher: warp 11 (idle otherwise: it leaves after setmaxnreg) follows
 # the ring's stage positions as the streamer issues them and stamps each stage's landing
 # (its slot's full phase completing), so the chain's HBM delivery can be read over time,
-# apart from when a reader first looks. A stage landing before the one the lane waits on is
-# stamped when the lane gets to it (copies land nearly in order); timing only, with the
-# streamer's deadline.
+# apart from when a reader first looks. It counts each record's stages only when it gets to
+# it (a global read per record, as the streamer does), and for each position first waits for
+# the streamer's publication of it (ring_issued): a parity wait tells apart only two laps,
+# so a position the ring has already lapped (its slot issued again) is left unstamped rather
+# than stamped with a later lap's landing. Timing only, with the streamer's deadline.
 _WATCHER = """
 __device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 lane)
 {
@@ -85,19 +91,29 @@ __device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 l
     if (lane != 0 || p.stream_pages == 0)
         return;
     const mk_u32 R = p.stream_pages;
-    mk_u32 total = 0;
-    for (mk_u32 q = 0; q < n; ++q)
-        total += mk_stream_stages(queue[q], p);
     const mk_u64 deadline = mk_deadline(mk_patience(p.timeout_ns));
-    for (mk_u32 pos = 0; pos < total; ++pos) {
-        while (!mk_mbar_try_wait(&ctl.ring_full[pos % R], (pos / R) & 1u))
-            if (mk_ring_stopped() || mk_globaltimer() > deadline)
-                return;
-        MKP(pos, LANDED);
+    mk_u32 pos = 0;
+    for (mk_u32 q = 0; q < n; ++q) {
+        const mk_u32 end = pos + mk_stream_stages(queue[q], p);
+        for (; pos < end; ++pos) {
+            mk_u32* const issued = &ctl.ring_issued[pos % R];
+            mk_u32 v;
+            while ((v = mk_issued_read(issued)) == ~0u || v < pos)
+                if (mk_ring_stopped() || mk_globaltimer() > deadline)
+                    return;
+            if (v != pos)
+                continue;   /* lapped before this lane looked */
+            while (!mk_mbar_try_wait(&ctl.ring_full[pos % R], (pos / R) & 1u))
+                if (mk_ring_stopped() || mk_globaltimer() > deadline)
+                    return;
+            const unsigned long long t = mk_globaltimer();
+            if (pos < MAXPOS && mk_issued_read(issued) < pos + 2u * R)   /* still pos's parity */
+                mk_probe_st[(blockIdx.x * MAXPOS + pos) * NMARK + LANDED] = t;
+        }
     }
 }
 
-""".replace("LANDED", str(LANDED))
+""".replace("LANDED", str(LANDED)).replace("MAXPOS", f"{MAXPOS}u").replace("NMARK", f"{NMARK}u")
 _LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead"
 _IDLE_WARPS = "            mk_streamer(queue, ctl.n, lane);\n        else\n            return;\n"
 
@@ -259,6 +275,156 @@ _RELAXED_PUBLISH = [("atom.release.cta.shared::cta.exch.b32", "atom.relaxed.cta.
 # everywhere; on the lean loop the narrow bands' best figure (benchmarks/ANALYSIS.md).
 _PACE = [(_STREAMER_HOLD, "                __nanosleep(150);\n" + _STREAMER_HOLD)]
 
+# While the hold is raised, HBM idles (the landing timeline): the streamer, the first time it
+# finds the hold raised at position pos, asks L2 for the boxes of positions [pos + a, pos + b)
+# (cp.async.bulk.prefetch.tensor: no shared memory, no barrier; the copies after the hold,
+# and those the next k loop's freed slots let through, then read L2). a = 0: what the ring
+# takes first after the hold; a = R: the stages past the ring's refill. Results as built.
+# On the H200 (results/tail-probes/): 4096 x 8 137 us against 107, the signal's fence 1.7-2.0
+# us against 0.86 (it waits for the prefetches as for copies).
+_PREFETCH_FN = """__device__ __forceinline__ void mkv_tma_prefetch_2d(const void* tmap, int c0, int r0)
+{
+    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];"
+                 : : "l"(tmap), "r"(c0), "r"(r0) : "memory");
+}
+
+/* L2 prefetches of stage positions [from, to); position pos is stage s of record q */
+__device__ __noinline__ void mkv_prefetch(const mk_instr* queue, mk_u32 n, const mk_params& p,
+                                          const unsigned char* tmaps, mk_u32 q, mk_u32 s,
+                                          mk_u32 pos, mk_u32 from, mk_u32 to)
+{
+    for (; q < n && pos < to; ++q, s = 0) {
+        const mk_instr& in = queue[q];
+        const mk_u32 stages = mk_stream_stages(in, p);
+        if (s >= stages)
+            continue;
+        if (pos + (stages - s) <= from) {
+            pos += stages - s;
+            continue;
+        }
+        if (pos < from) {
+            s += from - pos;
+            pos = from;
+        }
+        const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
+        const bool narrow = mk_stream_narrow(in);
+        const mk_u32 rows = mk_stream_stage_rows(in);
+        for (; s < stages && pos < to; ++s, ++pos) {
+            const int k = in.k0 + (int)(s * rows);
+            mkv_tma_prefetch_2d(tmap, in.col0, k);
+            if (narrow && mk_stream_second_box(in, s))
+                mkv_tma_prefetch_2d(tmap, in.col0, k + MK_STREAM_BOX_ROWS);
+        }
+    }
+}
+
+"""
+_STREAMER_DEF = "__device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32 lane)\n"
+
+
+def hold_prefetch(a, b):
+    return [(_STREAMER_DEF, _PREFETCH_FN + _STREAMER_DEF),
+            ("        mk_u32 pos = 0;\n        bool go = true;\n",
+             "        mk_u32 pos = 0, pf_end = 0;\n        bool go = true;\n"),
+            (_STREAMER_HOLD,
+             f"                if (pf_end < pos + {b} && atomicOr(&ctl.stream_hold, 0u) != 0u) {{\n"
+             f"                    const mk_u32 from = pos + {a};\n"
+             f"                    mkv_prefetch(queue, n, p, tmaps, q, s, pos, from > pf_end ? from : pf_end, pos + {b});\n"
+             f"                    pf_end = pos + {b};\n                }}\n" + _STREAMER_HOLD)]
+
+
+# The hold as a cap instead of a stop: while it is raised, the streamer issues stage pos
+# once pos - h has landed (at most h copies in flight), so HBM keeps ~h pages per SM coming
+# through the tail (2 pages in flight per SM: ~4 TB/s, tools/probe_bulk_copy.py) while the
+# signal's fence waits for at most h (~0.4 us at 2: tools/probe_fence_load.py). Results as
+# built. On the H200 no faster at h = 1, 2, 3 (the fence 1.2-1.7 us; the pages landed early
+# wait longer for their readers: the ring is full by the k loop's entry either way).
+def hold_cap(h):
+    return [(_STREAMER_HOLD,
+             f"                if (pos >= {h}u && atomicOr(&ctl.stream_hold, 0u) != 0u) {{\n"
+             f"                    const mk_u32 j = pos - {h}u;\n"
+             "                    const mk_u64 until = mk_globaltimer() + MK_STREAM_HOLD_NS;\n"
+             "                    while (!mk_mbar_try_wait(&ctl.ring_full[j % R], (j / R) & 1u) &&\n"
+             "                           mk_globaltimer() < until) {\n                    }\n"
+             "                }\n")]
+
+
+# L2 prefetches by a warp of their own (warp 9, idle as built): once the k loop of a streamed
+# record has begun (the streamer has issued the position R past its first, or its last),
+# the warp's lanes issue prefetch.global.L2 for every k-row segment of the next streamed
+# record's stages [a, stages): the lines are in L2 when the ring's copies ask for them, and
+# HBM keeps working through the tail while the ring waits. Unlike a TMA prefetch (hpf*) these
+# go through the LSU: whether the signal's fence waits for them is what the variant shows.
+# Results as built (a prefetch has no effect on memory). On the H200 the fence did not wait
+# (0.96-1.0 us against 0.83) but the chains were 20-90% slower: the ring's copies landed at
+# ~2 TB/s (tools/probe_l2_prefetch.py: a prefetched line serves a bulk copy at ~4.6 TB/s,
+# an L2 hit at ~6; the prefetches add HBM traffic the copies do not save).
+_L2PF_FN = """__device__ __noinline__ void mkv_l2pf(const mk_instr* queue, mk_u32 n, mk_u32 lane)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_params& p = ctl.params;
+    if (p.stream_pages == 0)
+        return;
+    const mk_u32 R = p.stream_pages;
+    const mk_tensor* tensors = reinterpret_cast<const mk_tensor*>(p.tensors);
+    const mk_u64 deadline = mk_deadline(mk_patience(p.timeout_ns));
+    mk_u32 first = 0;
+    for (mk_u32 q = 0; q < n; ++q) {
+        const mk_u32 st = mk_stream_stages(queue[q], p);
+        if (st == 0)
+            continue;
+        /* the next streamed record */
+        mk_u32 q2 = q + 1, st2 = 0;
+        for (; q2 < n; ++q2)
+            if ((st2 = mk_stream_stages(queue[q2], p)) != 0)
+                break;
+        if (q2 >= n)
+            return;
+        const mk_u32 T = first + (st - 1u < R ? st - 1u : R);
+        if (lane == 0) {
+            mk_u32 v;
+            while ((v = mk_issued_read(&ctl.ring_issued[T % R])) == ~0u || v < T)
+                if (mk_ring_stopped() || mk_globaltimer() > deadline)
+                    break;
+        }
+        __syncwarp();
+        if (mk_ring_stopped() || mk_globaltimer() > deadline)
+            return;
+        const mk_instr& in = queue[q2];
+        const mk_tensor& B = tensors[in.tensor[MK_ARG_B]];
+        const mk_u32 rows = mk_stream_stage_rows(in);
+        const mk_u32 kend = (mk_u32)in.k0 + (mk_u32)in.klen;
+        /* every 32-B sector of the stages' k-row segments (64 B narrow, 128 B wide) */
+        const mk_u32 spr = mk_stream_narrow(in) ? 2u : 4u;
+        const mk_u32 r0 = (mk_u32)in.k0 + PFA * rows;
+        const mk_u32 r1 = min((mk_u32)in.k0 + st2 * rows, kend);
+        for (mk_u32 i = lane; r0 + i / spr < r1; i += 32u)
+            asm volatile("prefetch.global.L2HINT [%0];"
+                         : : "l"(B.ptr + ((mk_u64)(r0 + i / spr) * B.ld + (mk_u32)in.col0) * 2u + 32u * (i % spr)));
+        first += st;
+    }
+}
+
+"""
+_LOADER_BRANCH = "        if (warp == MK_LOADER_WARP)\n            mk_loader(queue, ctl.n, lane);\n"
+
+
+def l2_prefetch(a, hint=""):
+    return [(_STREAMER_DEF, _L2PF_FN.replace("PFA", f"{a}u").replace("L2HINT", "L2" + hint)
+             + _STREAMER_DEF),
+            (_LOADER_BRANCH, "        if (warp == MK_LOADER_WARP + 1) {\n"
+                             "            mkv_l2pf(queue, ctl.n, lane);\n            return;\n        }\n"
+             + _LOADER_BRANCH)]
+
+
+# No epilogue in a streamed GEMM (its stores of the band's outputs): what the epilogue's
+# 1.2-1.3 us (a 16 x 32 band: two 8-byte stores per thread of 64) costs the chain, and
+# whether its time is the stores'. Timing only: the outputs are never written. On the H200:
+# 4096 x 8 92.1 us against 107.3, 1024 x 16 87.5 against 124.1; the epilogue's 1.28 us is
+# the same in both chains (loaded and nearly idle HBM alike) and each layer shrinks by it.
+_NO_EPILOGUE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);", "(void)op;")]
+
+
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
@@ -266,9 +432,17 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
             "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
+            "nofence-nohold": _NO_FENCE + _NO_HOLD,
+            "noepi": _NO_EPILOGUE,
+            "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
             "pace": _PACE, "lean-pace": _LEAN + _PACE,
-            "relaxedpub": _RELAXED_PUBLISH, "lean-relaxedpub": _LEAN + _RELAXED_PUBLISH}
+            "relaxedpub": _RELAXED_PUBLISH, "lean-relaxedpub": _LEAN + _RELAXED_PUBLISH,
+            "hpf8": hold_prefetch("0u", "8u"), "hpf14": hold_prefetch("0u", "14u"),
+            "hpfr6": hold_prefetch("R", "R + 6u"),
+            "holdcap1": hold_cap(1), "holdcap2": hold_cap(2), "holdcap3": hold_cap(3),
+            "l2pf0": l2_prefetch(0), "l2pf6": l2_prefetch(6),
+            "l2pf0L": l2_prefetch(0, "::evict_last")}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
