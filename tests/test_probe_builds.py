@@ -21,6 +21,8 @@ PROBES = [
     ("probe_l2_stream.py", "l2_stream"),
     # whether more lanes issuing bulk copies make an SM read faster
     ("probe_issuers.py", "issuers"),
+    # whether bytes prefetched into L2 reach a later bulk copy from L2
+    ("probe_l2_prefetch.py", "l2_prefetch"),
 ]
 
 
