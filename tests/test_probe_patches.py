@@ -73,3 +73,21 @@ def test_the_stage_probe_reads_landings_as_a_delivery_rate(source):
     assert figures["land TB/s p50"] == pytest.approx(rate)
     assert figures["low bins"] == pytest.approx(7 / 27)
     assert (figures["issue->land (all)"], figures["land->seen"]) == pytest.approx((3.0, 0.5))
+
+
+def test_the_stage_probe_splits_the_epilogue(source):
+    """Synthetic marks, one instruction per SM: on SM 0 the epilogue's first rows loaded 0.9 us
+    after the combine and stored 0.3 us later; on SM 1 (variant epi2) a first pass of 1.2 us
+    and a second of 0.1."""
+    import numpy as np
+    probe = importlib.import_module("probe_stream_stages")
+    m = np.zeros((132, probe.MAXPOS, probe.NMARK), dtype=np.int64)
+    for sm in range(2):
+        m[sm, 0, [1, 5, 6, 7]] = [10_000, 16_000, 17_000, 17_200]
+        m[sm, 0, 4] = 15_000                          # a stage read, so the SM counts
+    m[0, 0, 17], m[0, 0, 8] = 18_100, 18_400
+    m[1, 0, 18], m[1, 0, 17], m[1, 0, 8] = 18_400, 18_450, 18_500
+    out = probe.analyse(m)
+    assert (out["epi:to stores"], out["epi:stores"]) == pytest.approx((0.9, 0.3))
+    assert (out["epi:1st pass"], out["epi:2nd pass"]) == pytest.approx((1.2, 0.1))
+    assert out["epilogue"] == pytest.approx((1.2 + 1.3) / 2)

@@ -16,7 +16,9 @@ and stages, or instructions) of
                     many of the stream's stages from there on were issued by the entry
     kloop, reduce, combine, epilogue
                     its phases: the k loop, the 8 warps' partials summed, the parts' combine,
-                    the epilogue's stores (the band's last part only)
+                    the epilogue's stores (the band's last part only); the epilogue split at
+                    thread 0's first store (epi:to stores, epi:stores), or, in variant
+                    `epi2` (the epilogue run twice), into its two passes
     gap             its tail's end to the next instruction's k-loop entry on the same SM
                     (the release fence and signal, the next one's dependency wait and
                     hand-over)
@@ -44,12 +46,13 @@ copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace`
 ring_issued without its release (timing only: the lane's per-copy path without its
 MEMBAR.ALL.CTA). Around the tail (correct results unless said): `hpfN` / `hpfr6`, TMA
 prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in flight; `l2pf0`,
-`l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no epilogue
-stores (timing only); `nofence-nohold` and `nodeps-nofence-nohold`, the ceilings of any
-signalling scheme (timing only). `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build
-without a GPU. The cache key holds the NVRTC version: filled where NVRTC differs from the GPU
-machine's, it misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU
-machine's spare cores while its other steps run.
+`l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no
+epilogue stores (timing only); `epi2`, the epilogue twice; `nofence-nohold` and
+`nodeps-nofence-nohold`, the ceilings of any signalling scheme (timing only).
+`--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
+The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
+misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU machine's
+spare cores while its other steps run.
 
     python tools/probe_stream_stages.py [--variant asbuilt cap4] [--cases 4096x8-b16]
         [--parts 0 1 8] [--flush report|always] [--compile-only]
@@ -67,12 +70,13 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 17   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done, 16
+NMARK = 19   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done, 16
              # landed (the watcher, below); per instruction, at its first position: 1 k-loop
-             # entry, 5 k loop done, 6 reduced, 7 combined, 8 epilogue stored (the last part
-             # only); the interpreter around it: 10 compute barrier passed (C3), 11 signalled
-             # (C4), 12 loader: pages taken (L3), 13 loader: handed over (L7), 14 compute:
-             # hand-over seen (C1), 15 op entry
+             # entry, 5 k loop done, 6 reduced, 7 combined, 17 the epilogue's first rows
+             # loaded (thread 0, its stores next), 8 epilogue stored (the last part only),
+             # 18 the first of two epilogue passes done (variant epi2); the interpreter around
+             # it: 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken
+             # (L3), 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
 LANDED = 16
 
 # The marked build's watcher: warp 11 (idle otherwise: it leaves after setmaxnreg) follows
@@ -425,6 +429,22 @@ def l2_prefetch(a, hint=""):
 _NO_EPILOGUE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);", "(void)op;")]
 
 
+# The epilogue's row loop, from its stores on (ops/gemm_epilogue.cuh): mark 17 goes before.
+_EPILOGUE_STORES = ("#pragma unroll\n        for (int j = 0; j < 4; ++j) {\n"
+                    "            const int r = r0 + j * (MK_THREADS / 32);\n"
+                    "            if (r < rows) {\n                const float4 x = mk_epilogue4(")
+
+# The epilogue run twice, the second pass storing the same values again (mark 18 between, in
+# marked builds): a fixed cost that the second pass does not pay is the first pass's code
+# arriving (instruction fetch), one it pays again is the work itself. Results as built.
+_EPI_TWICE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
+               "mk_gemm_epilogue_at(in, op, pages, in.row0);\n"
+               "#if defined(MKP_ON)\n"
+               "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
+               "#endif\n"
+               "        mk_gemm_epilogue_at(in, op, pages, in.row0);")]
+
+
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
@@ -434,6 +454,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
             "nofence-nohold": _NO_FENCE + _NO_HOLD,
             "noepi": _NO_EPILOGUE,
+            "epi2": _EPI_TWICE,
             "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
             "pace": _PACE, "lean-pace": _LEAN + _PACE,
@@ -496,6 +517,8 @@ MARKS = [
      "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
+    (_EPILOGUE_STORES, "        if (threadIdx.x == 0 && r0 == 0 && pages.stream_stages > 0)\n"
+                       "            MKP(pages.stream_pos, 17);\n" + _EPILOGUE_STORES),
     # the watcher (warp 11, marked builds only)
     (_LOADER_DOC, _WATCHER + _LOADER_DOC),
     (_IDLE_WARPS, "            mk_streamer(queue, ctl.n, lane);\n"
@@ -607,7 +630,8 @@ def analyse(m):
             mma.append(t[4] - t[2])
             if t[0] and t[3] - t[9] > 200:   # the warp waited: full seen ~ landed
                 issue_land.append(t[3] - t[0])
-    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "gap")}
+    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "epi:to stores",
+                            "epi:stores", "epi:1st pass", "epi:2nd pass", "gap")}
     gap_steps = {k: [] for k in GAP_STEPS}
     for sm in range(m.shape[0]):
         r = m[sm]
@@ -618,6 +642,12 @@ def analyse(m):
                                ("epilogue", 7, 8)):
                 if t[b]:
                     tail[name].append(t[b] - t[a])
+            if t[18] and t[8]:            # epi2: the two passes (17 is the second's)
+                tail["epi:1st pass"].append(t[18] - t[7])
+                tail["epi:2nd pass"].append(t[8] - t[18])
+            elif t[17] and t[8]:          # to the first store, then the stores
+                tail["epi:to stores"].append(t[17] - t[7])
+                tail["epi:stores"].append(t[8] - t[17])
             if j + 1 < len(firsts):
                 # the tail's end to the next instruction's k-loop entry: the release fence,
                 # the signal, the next one's dependency wait and hand-over
@@ -627,7 +657,8 @@ def analyse(m):
                 if all(steps):
                     for name, a, b in zip(GAP_STEPS, steps, steps[1:]):
                         gap_steps[name].append(b - a)
-    out = {f"{k}": med(v) for k, v in tail.items()} | {k: med(v) for k, v in gap_steps.items()}
+    out = {k: med(v) for k, v in tail.items() if v or not k.startswith("epi:")}
+    out |= {k: med(v) for k, v in gap_steps.items()}
     return out | {"issue->land (waited)": med(issue_land), "A wait": med(a_wait),
             "B wait": med(b_wait),
             "mma": med(mma), "enter->first": med(enter_first),
