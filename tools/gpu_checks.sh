@@ -2,7 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak] [l2stream] [issuers] [ab]
+#                       [pageleak] [l2stream] [issuers] [epilogue] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -28,6 +28,10 @@
 #                                                                         -> l2stream.log
 #   issuers   tools/probe_issuers.py: an SM's read rate with 1, 2 or 4 lanes issuing its
 #             bulk copies                                                 -> issuers.log
+#   epilogue  tools/probe_stream_stages.py, variants asbuilt epi2 noepi on 4096 x 8 and
+#             1024 x 16: a streamed band's epilogue split at its first store, run twice,
+#             and left out (its fixed 1.28 us, benchmarks/ANALYSIS.md); then
+#             tools/probe_l2_prefetch.py                                  -> epilogue.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -54,7 +58,7 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log l2stream.log issuers.log ab.log ab.json; do
+                 pageleak.log l2stream.log issuers.log epilogue.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -97,6 +101,14 @@ if [[ " ${steps[*]} " == *" probes "* ]]; then
     for v in asbuilt cap2 cap4 cap6 noA Arot; do
         timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" \
             > "$OUT/prebuild/$v.log" 2>&1 &
+        prebuilds+=($!)
+    done
+fi
+if [[ " ${steps[*]} " == *" epilogue "* ]]; then
+    mkdir -p "$OUT/prebuild"
+    for v in asbuilt epi2 noepi; do
+        timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" \
+            --cases 4096x8-b16 1024x16-b16 > "$OUT/prebuild/$v.log" 2>&1 &
         prebuilds+=($!)
     done
 fi
@@ -164,6 +176,16 @@ while [ $i -lt ${#steps[@]} ]; do
             logged issuers.log 200 python3 tools/probe_issuers.py
             rc=$?
             ;;
+        epilogue)
+            [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
+            {
+                timeout 240 python3 tools/probe_stream_stages.py --variant asbuilt epi2 noepi \
+                    --cases 4096x8-b16 1024x16-b16 &&
+                timeout 100 python3 tools/probe_l2_prefetch.py
+            } > "$OUT/epilogue.log" 2>&1
+            rc=$?
+            grep -v "per us" "$OUT/epilogue.log" | tail -n 12
+            ;;
         ab)
             logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
             rc=$?
@@ -171,7 +193,7 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers, ab)"
+                 "callpath, fence, pageleak, l2stream, issuers, epilogue, ab)"
             rc=2
             ;;
     esac
