@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import BULK_PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import BULK_PRELUDE, compile_only, on_gpu  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "issuers"
 THREADS = 128
@@ -132,14 +132,10 @@ def main(argv=None):
 
     import numpy as np
 
-    from megak.runtime import memory as mem
     from megak.runtime.driver import check
 
-    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
-    grid = info["sm_count"]
-    m = mem.Memory(0)
-    h = stream.handle
-    try:
+    with on_gpu(compile_probe, ENTRY, SMEM) as (drv, fn, info, h, m):
+        grid = info["sm_count"]
         a_bytes, b_bytes = 512 << 10, 1 << 30
         a = m.device(a_bytes, "A")
         b = m.device(b_bytes, "B")
@@ -202,8 +198,6 @@ def main(argv=None):
             cell(source, 2, 1, 4, readers=readers)
             cell(source, 4, 0, 3, readers=readers)
             cell(source, 4, 1, 3, readers=readers)
-    finally:
-        m.close()
     return 0
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import BULK_PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import BULK_PRELUDE, compile_only, on_gpu  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "l2_prefetch"
 THREADS = 64
@@ -63,7 +63,22 @@ __device__ __forceinline__ u64 policy_normal()
     return p;
 }
 
-/* Copy [src, src + bytes) through R pages; count bytes, stamp first issue / last landing,
+/* Chunk d of a region copy (the lap0 + d-th use of the ring) has landed: wait for it, then
+ * check its page's first word against its index. False past the deadline. */
+__device__ bool landed(const unsigned char* pages, u64* full, u32 R, u32 lap0, u32 d, u64 origin,
+                       u64 deadline, u64* st)
+{
+    const u32 k = lap0 + d;
+    while (!mbar_try(sa(&full[k % R]), (k / R) & 1u))
+        if (now() > deadline)
+            return false;
+    if (*reinterpret_cast<const volatile u32*>(pages + (u64)(k % R) * PAGE) !=
+        (u32)((origin + (u64)d * PAGE) / 4u))
+        st[3] += 1u;
+    return true;
+}
+
+/* Copy [buf + origin, + bytes) through R pages; count bytes, stamp first issue / last landing,
  * check each page's first word against its index. False past the deadline. */
 __device__ bool copy_region(const unsigned char* buf, u64 origin, u64 bytes, unsigned char* pages,
                             u64* full, u32 R, u32 lap0, u64 pol, u64 deadline, u64* st)
@@ -72,30 +87,16 @@ __device__ bool copy_region(const unsigned char* buf, u64 origin, u64 bytes, uns
     u32 c = 0, d = 0;
     st[1] = now();
     for (; c < chunks; ++c) {
-        if (c >= R) {
-            for (; d + R <= c; ++d) {
-                const u32 k = lap0 + d;
-                while (!mbar_try(sa(&full[k % R]), (k / R) & 1u))
-                    if (now() > deadline)
-                        return false;
-                if (*reinterpret_cast<volatile u32*>(pages + (u64)(k % R) * PAGE) !=
-                    (u32)((origin + (u64)d * PAGE) / 4u))
-                    st[3] += 1u;
-            }
-        }
+        for (; d + R <= c; ++d)   /* chunk c takes the page of chunk c - R */
+            if (!landed(pages, full, R, lap0, d, origin, deadline, st))
+                return false;
         const u32 k = lap0 + c;
         mbar_expect_tx(sa(&full[k % R]), PAGE);
         bulk_load(pages + (u64)(k % R) * PAGE, buf + origin + (u64)c * PAGE, PAGE, &full[k % R], pol);
     }
-    for (; d < c; ++d) {
-        const u32 k = lap0 + d;
-        while (!mbar_try(sa(&full[k % R]), (k / R) & 1u))
-            if (now() > deadline)
-                return false;
-        if (*reinterpret_cast<volatile u32*>(pages + (u64)(k % R) * PAGE) !=
-            (u32)((origin + (u64)d * PAGE) / 4u))
-            st[3] += 1u;
-    }
+    for (; d < c; ++d)
+        if (!landed(pages, full, R, lap0, d, origin, deadline, st))
+            return false;
     st[2] = now();
     st[0] = (u64)chunks * PAGE;
     return true;
@@ -176,14 +177,10 @@ def main(argv=None):
 
     import numpy as np
 
-    from megak.runtime import memory as mem
     from megak.runtime.driver import check
 
-    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
-    grid = info["sm_count"]
-    m = mem.Memory(0)
-    h = stream.handle
-    try:
+    with on_gpu(compile_probe, ENTRY, SMEM) as (drv, fn, info, h, m):
+        grid = info["sm_count"]
         share = args.share_kib * 1024 // PAGE * PAGE
         total = 1 << 30
         buf = m.device(total, "buf")
@@ -242,8 +239,6 @@ def main(argv=None):
                 cell(mode, d, False)
         cell("lsu32", delays[-1], True)
         cell("cold", 0, True)
-    finally:
-        m.close()
     return 0
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import BULK_PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import BULK_PRELUDE, compile_only, on_gpu  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "l2_stream"
 THREADS = 64
@@ -170,14 +170,10 @@ def main(argv=None):
 
     import numpy as np
 
-    from megak.runtime import memory as mem
     from megak.runtime.driver import check
 
-    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
-    grid = info["sm_count"]
-    m = mem.Memory(0)
-    h = stream.handle
-    try:
+    with on_gpu(compile_probe, ENTRY, SMEM) as (drv, fn, info, h, m):
+        grid = info["sm_count"]
         a_bytes = args.a_kib * 1024 // PAGE * PAGE
         b_bytes = int(args.b_gib * (1 << 30)) // PAGE * PAGE
         a_big = 32 << 20   # the `distinct` buffer: L2-sized, each SM its own slice
@@ -237,8 +233,6 @@ def main(argv=None):
         cell("A rotated R 4 + B R 8", 0, along, 4, 1, 8, True)
         cell("A rotated R 4 + B R 8, shares read by 2 SMs", 0, along, 4, 2, 8, True)
         cell("A lockstep R 4 + B R 8, shares read by 2 SMs", 1, along, 4, 2, 8, True)
-    finally:
-        m.close()
     return 0
 
 

@@ -3,7 +3,8 @@ each its own cubin): the mbarrier operations of the weight ring's protocol, as
 megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude of
 a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
 (BULK_PRELUDE: that, pages, an L2 policy), the `--compile-only` check, and loading a probe's
-kernel on the GPU."""
+kernel on the GPU with device memory that is freed on the way out (on_gpu)."""
+import contextlib
 import time
 
 MBARRIER = r"""
@@ -51,6 +52,19 @@ def load_kernel(compile_probe, entry: str, smem: int):
         fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
         "cuFuncSetAttribute")
     return drv, fn, info, dev.create_stream()
+
+
+@contextlib.contextmanager
+def on_gpu(compile_probe, entry: str, smem: int):
+    """load_kernel, and a megak Memory for the probe's buffers, closed on the way out. Yields
+    (driver bindings, the function, the device info, the stream's handle, the Memory)."""
+    from megak.runtime import memory as mem
+    drv, fn, info, stream = load_kernel(compile_probe, entry, smem)
+    m = mem.Memory(0)
+    try:
+        yield drv, fn, info, stream.handle, m
+    finally:
+        m.close()
 
 
 # The types, a shared-memory address, the clock and the mbarriers: what a probe of the ring's

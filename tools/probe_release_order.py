@@ -44,7 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megak.runtime.compiler import compile_source  # noqa: E402
-from probe_ptx import PRELUDE, compile_only, load_kernel  # noqa: E402  (tools/, beside this file)
+from probe_ptx import PRELUDE, compile_only, on_gpu  # noqa: E402  (tools/, beside this file)
 
 ENTRY = "release_order"
 THREADS = 320
@@ -193,14 +193,10 @@ def main(argv=None):
 
     import numpy as np
 
-    from megak.runtime import memory as mem
     from megak.runtime.driver import check
 
-    drv, fn, info, stream = load_kernel(compile_probe, ENTRY, SMEM)
-    grid = info["sm_count"]
-    m = mem.Memory(0)
-    h = stream.handle
-    try:
+    with on_gpu(compile_probe, ENTRY, SMEM) as (drv, fn, info, h, m):
+        grid = info["sm_count"]
         src = m.device(grid * 16384, "source")
         counter = m.device(grid * 4, "counters")
         stats = m.device(grid * STAT_WORDS * 8, "stats")
@@ -231,8 +227,6 @@ def main(argv=None):
                     print(f"{variant:<10} {'spins' if hammer else 'off':<9} "
                           f"{'yes' if global_signal else 'no':<7} {int(tot[0]):>12} "
                           f"{int(tot[2]):>10} {late:>12} {int(tot[3]):>9}", flush=True)
-    finally:
-        m.close()
     return 0
 
 
