@@ -96,22 +96,26 @@ steps=("$@")
 # The probes' builds, started now on the spare cores: the cache key holds the NVRTC version,
 # so a cache filled on a machine with another NVRTC misses here, and each build takes a minute.
 prebuilds=()
-if [[ " ${steps[*]} " == *" probes "* ]]; then
+# prebuild TAG VARIANT... [-- PROBE ARGS]: the stage probe's builds of each variant, in the
+# background, logs under $OUT/prebuild/TAG-VARIANT.log
+prebuild() {
+    local tag=$1 variants=()
+    shift
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+        variants+=("$1")
+        shift
+    done
+    [ $# -gt 0 ] && shift
     mkdir -p "$OUT/prebuild"
-    for v in asbuilt cap2 cap4 cap6 noA Arot; do
-        timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" \
-            > "$OUT/prebuild/$v.log" 2>&1 &
+    for v in "${variants[@]}"; do
+        timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" "$@" \
+            > "$OUT/prebuild/$tag-$v.log" 2>&1 &
         prebuilds+=($!)
     done
-fi
-if [[ " ${steps[*]} " == *" epilogue "* ]]; then
-    mkdir -p "$OUT/prebuild"
-    for v in asbuilt epi2 noepi; do
-        timeout 400 python3 tools/probe_stream_stages.py --compile-only --variant "$v" \
-            --cases 4096x8-b16 1024x16-b16 > "$OUT/prebuild/$v.log" 2>&1 &
-        prebuilds+=($!)
-    done
-fi
+}
+[[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
+[[ " ${steps[*]} " == *" epilogue "* ]] &&
+    prebuild epilogue asbuilt epi2 noepi -- --cases 4096x8-b16 1024x16-b16
 failed=()
 i=0
 while [ $i -lt ${#steps[@]} ]; do
