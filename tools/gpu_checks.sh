@@ -28,10 +28,10 @@
 #                                                                         -> l2stream.log
 #   issuers   tools/probe_issuers.py: an SM's read rate with 1, 2 or 4 lanes issuing its
 #             bulk copies                                                 -> issuers.log
-#   epilogue  tools/probe_stream_stages.py, variants asbuilt epi2 noepi on 4096 x 8 and
-#             1024 x 16: a streamed band's epilogue split at its first store, run twice,
-#             and left out (its fixed 1.28 us, benchmarks/ANALYSIS.md); then
-#             tools/probe_l2_prefetch.py                                  -> epilogue.log
+#   epilogue  tools/probe_stream_stages.py, variants asbuilt epiloop noepi on 4096 x 8 and
+#             1024 x 16: a streamed band's epilogue split at its first store, run twice by
+#             one loop (the second pass on fetched code), and left out (its fixed 1.28 us,
+#             benchmarks/ANALYSIS.md)                                     -> epilogue.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -115,7 +115,7 @@ prebuild() {
 }
 [[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
 [[ " ${steps[*]} " == *" epilogue "* ]] &&
-    prebuild epilogue asbuilt epi2 noepi -- --cases 4096x8-b16 1024x16-b16
+    prebuild epilogue asbuilt epiloop noepi -- --cases 4096x8-b16 1024x16-b16
 failed=()
 i=0
 while [ $i -lt ${#steps[@]} ]; do
@@ -183,9 +183,8 @@ while [ $i -lt ${#steps[@]} ]; do
         epilogue)
             [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
             {
-                timeout 240 python3 tools/probe_stream_stages.py --variant asbuilt epi2 noepi \
-                    --cases 4096x8-b16 1024x16-b16 &&
-                timeout 100 python3 tools/probe_l2_prefetch.py
+                timeout 240 python3 tools/probe_stream_stages.py --variant asbuilt epiloop \
+                    noepi --cases 4096x8-b16 1024x16-b16
             } > "$OUT/epilogue.log" 2>&1
             rc=$?
             grep -v "per us" "$OUT/epilogue.log" | tail -n 12

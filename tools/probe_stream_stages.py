@@ -18,7 +18,7 @@ and stages, or instructions) of
                     its phases: the k loop, the 8 warps' partials summed, the parts' combine,
                     the epilogue's stores (the band's last part only); the epilogue split at
                     thread 0's first store (epi:to stores, epi:stores), or, in variant
-                    `epi2` (the epilogue run twice), into its two passes
+                    `epi2` / `epiloop` (the epilogue run twice), into its two passes
     gap             its tail's end to the next instruction's k-loop entry on the same SM
                     (the release fence and signal, the next one's dependency wait and
                     hand-over)
@@ -47,7 +47,8 @@ ring_issued without its release (timing only: the lane's per-copy path without i
 MEMBAR.ALL.CTA). Around the tail (correct results unless said): `hpfN` / `hpfr6`, TMA
 prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in flight; `l2pf0`,
 `l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no
-epilogue stores (timing only); `epi2`, the epilogue twice; `nofence-nohold` and
+epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
+`epiloop`, twice by one loop (the second pass on fetched code); `nofence-nohold` and
 `nodeps-nofence-nohold`, the ceilings of any signalling scheme (timing only).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
@@ -74,9 +75,10 @@ NMARK = 19   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 
              # landed (the watcher, below); per instruction, at its first position: 1 k-loop
              # entry, 5 k loop done, 6 reduced, 7 combined, 17 the epilogue's first rows
              # loaded (thread 0, its stores next), 8 epilogue stored (the last part only),
-             # 18 the first of two epilogue passes done (variant epi2); the interpreter around
-             # it: 10 compute barrier passed (C3), 11 signalled (C4), 12 loader: pages taken
-             # (L3), 13 loader: handed over (L7), 14 compute: hand-over seen (C1), 15 op entry
+             # 18 the first of two epilogue passes done (variants epi2, epiloop); the
+             # interpreter around it: 10 compute barrier passed (C3), 11 signalled (C4),
+             # 12 loader: pages taken (L3), 13 loader: handed over (L7), 14 compute:
+             # hand-over seen (C1), 15 op entry
 LANDED = 16
 
 # The marked build's watcher: warp 11 (idle otherwise: it leaves after setmaxnreg) follows
@@ -444,6 +446,19 @@ _EPI_TWICE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
                "#endif\n"
                "        mk_gemm_epilogue_at(in, op, pages, in.row0);")]
 
+# The epilogue run twice by one loop (one copy of its code): the second pass runs code the
+# first just fetched, so a fixed cost the second pass does not pay is instruction fetch, one
+# it pays again is the work. (epi2's passes are two inlined copies: both cold.)
+_EPI_LOOP = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
+              "{\n#pragma unroll 1\n"
+              "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
+              "            mk_gemm_epilogue_at(in, op, pages, in.row0);\n"
+              "#if defined(MKP_ON)\n"
+              "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
+              "                MKP(pages.stream_pos, 18);\n"
+              "#endif\n"
+              "        }\n        }")]
+
 
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
@@ -454,7 +469,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
             "nofence-nohold": _NO_FENCE + _NO_HOLD,
             "noepi": _NO_EPILOGUE,
-            "epi2": _EPI_TWICE,
+            "epi2": _EPI_TWICE, "epiloop": _EPI_LOOP,
             "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
             "pace": _PACE, "lean-pace": _LEAN + _PACE,
@@ -642,7 +657,7 @@ def analyse(m):
                                ("epilogue", 7, 8)):
                 if t[b]:
                     tail[name].append(t[b] - t[a])
-            if t[18] and t[8]:            # epi2: the two passes (17 is the second's)
+            if t[18] and t[8]:            # epi2, epiloop: the two passes (17 is the second's)
                 tail["epi:1st pass"].append(t[18] - t[7])
                 tail["epi:2nd pass"].append(t[8] - t[18])
             elif t[17] and t[8]:          # to the first store, then the stores
