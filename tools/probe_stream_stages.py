@@ -246,8 +246,9 @@ _NO_HOLD = [(_STREAMER_HOLD, "")]
 # Only a narrow band holds the streamer through its tail, as before the wide bands held it
 # too (for those, batch 17-64, 8192 x 8, 1024 x 16: whether the fence's saving still
 # outweighs the copies held back). Results as built.
-_HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);",
-                 "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0 && mk_stream_narrow(in));")]
+_HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);",
+                 "mk_stream_reduce(pages, acc, in.rows,\n"
+                 "                     pages.stream_stages > 0 && mk_stream_narrow(in), direct, sums);")]
 
 # The streamer's per-stage path without its divisions and its reload of the record: slot and
 # lap counted, klen read once per instruction. Correct results. On the H200
@@ -428,7 +429,8 @@ def l2_prefetch(a, hint=""):
 # whether its time is the stores'. Timing only: the outputs are never written. On the H200:
 # 4096 x 8 92.1 us against 107.3, 1024 x 16 87.5 against 124.1; the epilogue's 1.28 us is
 # the same in both chains (loaded and nearly idle HBM alike) and each layer shrinks by it.
-_NO_EPILOGUE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);", "(void)op;")]
+_NO_EPILOGUE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);", "(void)op;"),
+                ("mk_stream_store_direct(in, op, sums);", "(void)sums;")]
 
 
 # The epilogue's row loop, from its stores on (ops/gemm_epilogue.cuh): mark 17 goes before.
@@ -444,7 +446,13 @@ _EPI_TWICE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
                "#if defined(MKP_ON)\n"
                "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
                "#endif\n"
-               "        mk_gemm_epilogue_at(in, op, pages, in.row0);")]
+               "        mk_gemm_epilogue_at(in, op, pages, in.row0);"),
+              ("mk_stream_store_direct(in, op, sums);",
+               "mk_stream_store_direct(in, op, sums);\n"
+               "#if defined(MKP_ON)\n"
+               "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
+               "#endif\n"
+               "        mk_stream_store_direct(in, op, sums);")]
 
 # The epilogue run twice by one loop (one copy of its code): the second pass runs code the
 # first just fetched, so a fixed cost the second pass does not pay is instruction fetch, one
@@ -453,6 +461,15 @@ _EPI_LOOP = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
               "{\n#pragma unroll 1\n"
               "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
               "            mk_gemm_epilogue_at(in, op, pages, in.row0);\n"
+              "#if defined(MKP_ON)\n"
+              "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
+              "                MKP(pages.stream_pos, 18);\n"
+              "#endif\n"
+              "        }\n        }"),
+             ("mk_stream_store_direct(in, op, sums);",
+              "{\n#pragma unroll 1\n"
+              "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
+              "            mk_stream_store_direct(in, op, sums);\n"
               "#if defined(MKP_ON)\n"
               "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
               "                MKP(pages.stream_pos, 18);\n"
@@ -484,21 +501,31 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);
+    const bool direct = mk_stream_parts(in) <= 1;
+    float2 sums[2][2];
+    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     pages.release(1, 3);
-    if (mk_stream_combine(in, op, pages))
+    if (direct)
+        mk_stream_store_direct(in, op, sums);
+    else if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
 """
+# (one part: 7 right after the reduce, the direct store between 7 and 8)
 _RUN_TAIL_MARKED = """    const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
     if (mkp_on) MKP(pages.stream_pos, 5);
     mk_trace_mark(MK_T_COMPUTED);
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);
+    const bool direct = mk_stream_parts(in) <= 1;
+    float2 sums[2][2];
+    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     if (mkp_on) MKP(pages.stream_pos, 6);
     pages.release(1, 3);
-    const bool mkp_last = mk_stream_combine(in, op, pages);
+    const bool mkp_last = direct || mk_stream_combine(in, op, pages);
     if (mkp_on) MKP(pages.stream_pos, 7);
     if (mkp_last) {
-        mk_gemm_epilogue_at(in, op, pages, in.row0);
+        if (direct)
+            mk_stream_store_direct(in, op, sums);
+        else
+            mk_gemm_epilogue_at(in, op, pages, in.row0);
         if (mkp_on) MKP(pages.stream_pos, 8);
     }
 """

@@ -65,6 +65,19 @@ __device__ __forceinline__ float4 mk_epilogue4(float4 v, float4 bias, float4 res
     return v;
 }
 
+/* The same for 2 consecutive values (the streamed GEMM's direct store). */
+__device__ __forceinline__ float2 mk_epilogue2(float2 v, float2 bias, float2 res, bool has_bias,
+                                               mk_u32 act, bool has_res)
+{
+    if (has_bias)
+        v = make_float2(__fadd_rn(v.x, bias.x), __fadd_rn(v.y, bias.y));
+    if (act != MK_ACT_NONE)
+        v = make_float2(mk_act(v.x, act), mk_act(v.y, act));
+    if (has_res)
+        v = make_float2(__fadd_rn(v.x, res.x), __fadd_rn(v.y, res.y));
+    return v;
+}
+
 __device__ __forceinline__ mk_u32 mk_epilogue_act(mk_u32 flags)
 {
     return (flags & MK_FLAG_ACT_MASK) >> MK_FLAG_ACT_SHIFT;

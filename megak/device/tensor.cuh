@@ -176,6 +176,64 @@ __device__ __forceinline__ void mk_st4_any(const mk_tensor& t, mk_u64 off, float
     if (n > 3) mk_st_u16(p + 3, mk_to_bf16(v.w));
 }
 
+/* The same for 2 consecutive elements (8 B of fp32, 4 B of bf16): the streamed GEMM's direct
+ * store, where a thread holds a column pair. */
+__device__ __forceinline__ bool mk_vec2_ok(const mk_tensor& t, mk_u64 off)
+{
+    const mk_u64 bytes = 2u * mk_dtype_bytes(t.dtype);
+    return ((t.ptr + off * mk_dtype_bytes(t.dtype)) & (bytes - 1u)) == 0 && (t.ld & 1u) == 0;
+}
+
+/* Up to 2 consecutive elements of any dtype as floats, zero beyond n (n <= 0: both zero). */
+__device__ __forceinline__ float2 mk_ld2_any(const mk_tensor& t, mk_u64 off, int n, bool vec)
+{
+    float2 v = make_float2(0.f, 0.f);
+    if (t.dtype != MK_DTYPE_BF16) {
+        const float* p = reinterpret_cast<const float*>(t.ptr) + off;
+        if (vec && n >= 2)
+            asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+        else {
+            if (n > 0) v.x = mk_ld_f(p);
+            if (n > 1) v.y = mk_ld_f(p + 1);
+        }
+        return v;
+    }
+    const mk_u16* p = reinterpret_cast<const mk_u16*>(t.ptr) + off;
+    if (vec && n >= 2) {
+        mk_u32 w;
+        asm volatile("ld.global.u32 %0, [%1];" : "=r"(w) : "l"(p));
+        return make_float2(mk_bf16_lo(w), mk_bf16_hi(w));
+    }
+    if (n > 0) v.x = mk_bf16_lo(mk_ld_u16(p));
+    if (n > 1) v.y = mk_bf16_lo(mk_ld_u16(p + 1));
+    return v;
+}
+
+/* Store the first min(n, 2) of v, rounded to t's dtype. */
+__device__ __forceinline__ void mk_st2_any(const mk_tensor& t, mk_u64 off, float2 v, int n,
+                                           bool vec)
+{
+    if (t.dtype != MK_DTYPE_BF16) {
+        float* p = reinterpret_cast<float*>(t.ptr) + off;
+        if (vec && n >= 2)
+            asm volatile("st.global.v2.f32 [%0], {%1, %2};" : : "l"(p), "f"(v.x), "f"(v.y)
+                         : "memory");
+        else {
+            if (n > 0) mk_st_f(p, v.x);
+            if (n > 1) mk_st_f(p + 1, v.y);
+        }
+        return;
+    }
+    mk_u16* p = reinterpret_cast<mk_u16*>(t.ptr) + off;
+    if (vec && n >= 2) {
+        asm volatile("st.global.u32 [%0], %1;" : : "l"(p), "r"(mk_pack_bf16x2(v.x, v.y))
+                     : "memory");
+        return;
+    }
+    if (n > 0) mk_st_u16(p, mk_to_bf16(v.x));
+    if (n > 1) mk_st_u16(p + 1, mk_to_bf16(v.y));
+}
+
 /* Debug mode: `t` is an fp32 or bf16 view with a sane leading dimension, aligned to its
  * element, and the region [r0, r0 + nr) x [c0, c0 + nc) lies inside it. */
 __device__ __forceinline__ bool mk_tensor_region_ok(const mk_tensor& t, long long r0,

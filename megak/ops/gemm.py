@@ -501,9 +501,9 @@ WGMMA_REGISTER_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
 def _stream_plan(rec) -> PagePlan:
     # pages 0-1 hold A during the k loop (a 4 KiB chunk per warp; without the ring, A's ring
     # of stages) and page 2 B's box where the ring cannot deliver it; then the 8 warps'
-    # partials in 1-2 summed into the staging rows in 0 (1-2 go), the combine and the
-    # epilogue on 0. B is never preloaded: the streamer delivers it into the ring, outside
-    # the op's pages
+    # partials in 1-2 summed (1-2 go) into registers (one part: stored from there, page 0
+    # idle until the op ends) or into the staging rows in 0 for the combine and the epilogue.
+    # B is never preloaded: the streamer delivers it into the ring, outside the op's pages
     return PagePlan(phases=(((0, 1, 2), ()), ((0, 1, 2), (1, 2)), ((0,), (0,))))
 
 

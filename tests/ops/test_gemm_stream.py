@@ -16,7 +16,7 @@ BOX_COLS, BOX_ROWS = gemm.BOX_COLS, gemm.BOX_ROWS
 
 
 def stream_graph(m, k, n, out_dtype=None, bias=False, activation=None, residual=False,
-                 dtype="bfloat16"):
+                 dtype="bfloat16", res_dtype="float32"):
     g = megak.Graph()
     a = g.input("a", (m, k), dtype)
     b = g.input("b", (k, n), dtype)
@@ -24,7 +24,7 @@ def stream_graph(m, k, n, out_dtype=None, bias=False, activation=None, residual=
     if bias:
         kw["bias"] = g.input("bias", (n,), "bfloat16")
     if residual:
-        kw["residual"] = g.input("res", (m, n), "float32")
+        kw["residual"] = g.input("res", (m, n), res_dtype)
     g.output(g.gemm(a, b, **kw), "c")
     return g
 
@@ -127,6 +127,21 @@ def test_stream_epilogue(backend, rng, m, k, n, epi, out_dtype):
     ins = gemm_instrs(prog.plan)
     assert (ins["flags"].astype(np.int64) & ~(abi.FLAG_B_READY | abi.FLAG_STREAM)
             == gemm.epilogue_flags(next(op for op in g.ops if op.kind == "gemm"))).all()
+
+
+# bands of one part store their sums from registers (mk_stream_store_direct): one and two m16
+# tiles, a band of 6 columns after a full one (odd pairs), odd leading dimensions (no pair
+# stores), bf16 and fp32 residuals
+@pytest.mark.parametrize("res_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("m,k,n", [(7, 100, 70), (32, 128, 70), (20, 1, 37), (32, 128, 64)])
+def test_stream_one_part_stores_direct(backend, rng, m, k, n, out_dtype, res_dtype):
+    g = stream_graph(m, k, n, out_dtype=out_dtype, bias=True, activation="gelu",
+                     residual=True, res_dtype=res_dtype)
+    prog = compile_for(g, backend)
+    assert assert_streamed(prog.plan, m, k, n) == 1
+    assert not (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM_NARROW).any()
+    run_checked(prog, g, random_inputs(g, rng), f"one part {m}x{k}x{n} -> {out_dtype}")
 
 
 @pytest.mark.parametrize("n_sm", [1, 4, 132])

@@ -37,11 +37,14 @@
  *   k loop    B in the ring (not the op's pages), A in pages 0-1 (a 4 KiB chunk per warp);
  *             without the ring (no tensor map for B, or the separate-launch entry) A's ring in
  *             pages 0-1 and the compute warps copy each box into page 2 themselves
- *   reduction per m16 tile: the 8 warps' partials in pages 1-2, their sum into the staging
- *             rows (page 0); then pages 1 and 2 go
+ *   reduction per m16 tile: the 8 warps' partials in pages 1-2, their sum into registers
+ *             (one part: the direct store below) or the staging rows (page 0); then pages 1
+ *             and 2 go
  *   combine   (parts > 1) the staging rows to the partials tensor, the band's counter; the
  *             last part sums every part's rows into the staging rows
- *   epilogue  page 0 (the last part, or the only one); the interpreter frees it
+ *   epilogue  one part: each thread's sums through the epilogue straight to the output
+ *             (mk_stream_store_direct), no shared memory; parts > 1: the last part's staging
+ *             rows (page 0) through the generic epilogue. The interpreter frees page 0
  *
  * Why:
  *  - a warp per stage (ring): the k loop with every warp on the same stage cost ~0.7 us per
@@ -59,6 +62,11 @@
  *  - k ranges are whole boxes except at K's end, where the copy fills zeros: no stage mixes
  *    two parts' k-rows, and A past K is zero-filled by its copy (0 x a finite weight);
  *    columns past N arrive as zeros too;
+ *  - one part stores from registers: a band's tail (reduce, epilogue) runs once per
+ *    instruction while the ring streams, and the staging rows cost a barrier and a second
+ *    pass over shared memory, with the generic epilogue's code (4 rows x 4 columns unrolled,
+ *    every dtype branch) on the path to the signal; the direct store's loop body is one
+ *    column pair's epilogue;
  *  - the combine: every part stores its partial (weak stores), the compute barrier, then
  *    thread 0: fence.release and a strong atomic add on the band's counter (out_row0), a
  *    release pattern (sync.cuh); the part that brings it to (epoch + 1) * parts is the last
@@ -513,11 +521,15 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
     mk_cp_async_wait_all();
 }
 
-/* Rows [16 mt, 16 mt + 16) of the 8 warps' accumulators -> their sum in the staging rows:
- * through pages 1-2 (warp w's 16 x 64 partial at page 1 + w / 4, slot w % 4), pair p of row r
- * at pair p ^ 4 (r & 7): the fragment stores and the row reads take the fewest wavefronts. */
+/* Rows [16 mt, 16 mt + 16) of the 8 warps' accumulators -> their sum: through pages 1-2
+ * (warp w's 16 x 64 partial at page 1 + w / 4, slot w % 4), pair p of row r at pair
+ * p ^ 4 (r & 7): the fragment stores and the row reads take the fewest wavefronts. Thread t
+ * sums rows 16 mt + t / 16, column pairs t % 16 and t % 16 + 16 (columns 2 pc, 2 pc + 1), into
+ * sums[mt][half] when `direct` (mk_stream_store_direct stores them), else into the staging
+ * rows (page 0) for the combine and the generic epilogue. */
 __device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const float (&acc)[2][8][4],
-                                                 int rows, bool hold)
+                                                 int rows, bool hold, bool direct,
+                                                 float2 (&sums)[2][2])
 {
     const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, q = lane & 3;
@@ -527,8 +539,9 @@ __device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const fl
         mk_stream_hold(mk_ctl(), 1u);
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
+        sums[mt][0] = sums[mt][1] = make_float2(0.f, 0.f);
         if (16 * mt >= rows)
-            break;   /* uniform */
+            continue;   /* uniform */
 #pragma unroll
         for (int n8 = 0; n8 < 8; ++n8)
 #pragma unroll
@@ -553,12 +566,57 @@ __device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const fl
                     v.x += x.x;
                     v.y += x.y;
                 }
-                *reinterpret_cast<float2*>(
-                    mk_gemm_stage_at(pages[row / MK_GEMM_STAGE_ROWS], row, pc >> 1) +
-                    2 * (pc & 1)) = v;
+                if (direct)
+                    sums[mt][half] = v;
+                else
+                    *reinterpret_cast<float2*>(
+                        mk_gemm_stage_at(pages[row / MK_GEMM_STAGE_ROWS], row, pc >> 1) +
+                        2 * (pc & 1)) = v;
             }
         }
         mk_compute_sync();
+    }
+}
+
+/* A band of one part (every narrow band, and any band whose k range the lowering did not
+ * split): thread t's sums from mk_stream_reduce through the epilogue straight to the output,
+ * rows t / 16 and 16 + t / 16, column pairs t % 16 and t % 16 + 16. No staging rows, no
+ * barrier, no second pass over shared memory; the loop's body (the epilogue's code) exists
+ * once, its four pairs rotated through it. A warp stores two rows of 16 pairs (128 B of
+ * fp32, 64 B of bf16 each). Bias and residual are loaded and the output stored by the same
+ * thread, the loads first: an in-place residual (residual == out) stays safe. */
+__device__ __forceinline__ void mk_stream_store_direct(const mk_instr& in, const mk_tensor* op,
+                                                       const float2 (&sums)[2][2])
+{
+    const mk_tensor& TO = op[MK_ARG_OUT];
+    const mk_tensor& TB = op[MK_ARG_BIAS];
+    const mk_tensor& TR = op[MK_ARG_RESIDUAL];
+    const mk_u32 act = mk_epilogue_act(in.flags);
+    const bool has_bias = (in.flags & MK_FLAG_BIAS) != 0;
+    const bool has_res = (in.flags & MK_FLAG_RESIDUAL) != 0;
+    const int tid = (int)threadIdx.x, r = tid >> 4, pc = tid & 15;
+    const mk_u64 o_base = (mk_u64)in.row0 * TO.ld + in.col0;
+    const mk_u64 r_base = has_res ? (mk_u64)in.row0 * TR.ld + in.col0 : 0u;
+    const bool o_vec = mk_vec2_ok(TO, o_base);
+    const bool r_vec = has_res && mk_vec2_ok(TR, r_base);
+    const bool b_vec = has_bias && mk_vec2_ok(TB, in.col0);
+    float2 v0 = sums[0][0], v1 = sums[0][1], v2 = sums[1][0], v3 = sums[1][1];
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) {
+        const int row = r + 16 * (i >> 1), col = 2 * pc + 32 * (i & 1);
+        const int nv = in.cols - col;
+        const float2 v = v0;
+        v0 = v1;
+        v1 = v2;
+        v2 = v3;
+        if (row >= in.rows || nv <= 0)
+            continue;
+        const float2 zero = make_float2(0.f, 0.f);
+        const float2 bias = has_bias ? mk_ld2_any(TB, (mk_u64)in.col0 + col, nv, b_vec) : zero;
+        const float2 res = has_res
+            ? mk_ld2_any(TR, r_base + (mk_u64)row * TR.ld + col, nv, r_vec) : zero;
+        mk_st2_any(TO, o_base + (mk_u64)row * TO.ld + col,
+                   mk_epilogue2(v, bias, res, has_bias, act, has_res), nv, o_vec);
     }
 }
 
@@ -646,9 +704,13 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
     mk_trace_mark(MK_T_COMPUTED);
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0);
+    const bool direct = mk_stream_parts(in) <= 1;
+    float2 sums[2][2];
+    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     pages.release(1, 3);
-    if (mk_stream_combine(in, op, pages))
+    if (direct)
+        mk_stream_store_direct(in, op, sums);
+    else if (mk_stream_combine(in, op, pages))
         mk_gemm_epilogue_at(in, op, pages, in.row0);
 }
 
