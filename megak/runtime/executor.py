@@ -166,16 +166,16 @@ class _TensorBuffer:
 
 
 def _shutdown(state: dict, memory: mem.Memory | None, streams: list,
-              graphs: list | None = None) -> None:
+              graphs: GraphLauncher | None = None) -> None:
     """Finalizer: destroy the launch graphs, free device memory, then the streams. Holds no
     reference to the executor."""
     if state.get("broken"):
         # A kernel may still be running (the watchdog could not stop it): freeing its memory
         # would block or corrupt. Leak deliberately; the process must restart anyway.
         return
-    for g in graphs or ():
+    if graphs is not None:
         try:
-            g.close()
+            graphs.close()
         except Exception:  # at interpreter exit cuda.bindings may already be gone
             pass
     failures = memory.close() if memory is not None else []
@@ -223,7 +223,6 @@ class CudaExecutor:
         self._ticket = 0                 # the last launch's ticket (u32, never 0)
         self._bindings: dict = {}        # binding key -> _Binding, least recently used first
         self._streams_by_handle: dict = {}
-        self._graphs: list[GraphLauncher] = []   # run_bound's launch graphs (graph_launch.py)
         self.graph_launch = True   # run_bound replays a graph (False: launches directly)
         self.last_launch = None    # how the last launch was enqueued: "graph" or "direct"
 
@@ -264,6 +263,9 @@ class CudaExecutor:
         self._wgmma_slots = None   # set with the tables (_upload_tables)
         self._own_wgmma_only = None
         self._grid = plan.n_sm
+        # run_bound's launch graphs (graph_launch.py); its argument array comes with the
+        # launch arguments (_setup_launch_args), its graphs with the first bound run
+        self._graph_launch = GraphLauncher(self._grid, abi.BLOCK_THREADS, self.smem_bytes)
 
         # -- buffers ------------------------------------------------------------------------------
         try:
@@ -274,7 +276,7 @@ class CudaExecutor:
             self._memory = mem.Memory(device)
             self._allocate()
             self._finalizer = weakref.finalize(self, _shutdown, self._state, self._memory,
-                                               self._streams, self._graphs)
+                                               self._streams, self._graph_launch)
             self._upload_tables()
         except BaseException:
             self._shutdown_now()
@@ -595,9 +597,7 @@ class CudaExecutor:
                                    # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY; its
                                    # build's MMA n in wgmma_only_n)
         self._launch_kernel = _bindings().cuLaunchCooperativeKernel
-        self._graph_launch = GraphLauncher(self._grid, abi.BLOCK_THREADS, self.smem_bytes,
-                                           self._argv_addr)
-        self._graphs.append(self._graph_launch)
+        self._graph_launch.argv_addr = self._argv_addr
         self.last_binding = None
 
     # -- public -----------------------------------------------------------------------------------

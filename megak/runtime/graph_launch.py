@@ -26,9 +26,10 @@ from .driver import _bindings, check
 class GraphLauncher:
     """Replays of one cooperative kernel node: ``grid`` blocks of ``block`` threads with
     ``smem_bytes`` of dynamic shared memory, arguments from the void** array at
-    ``argv_addr`` as they are when ``launch`` is called."""
+    ``argv_addr`` as they are when ``launch`` is called (set before the first launch: the
+    owner creates the launcher before its argument array, so that its finalizer holds it)."""
 
-    def __init__(self, grid: int, block: int, smem_bytes: int, argv_addr: int):
+    def __init__(self, grid: int, block: int, smem_bytes: int, argv_addr: int = 0):
         self.grid, self.block, self.smem_bytes = grid, block, smem_bytes
         self.argv_addr = argv_addr
         self.error: str | None = None    # why the build failed: launch directly
