@@ -15,7 +15,9 @@ and stages, or instructions) of
     enter->first    the k loop's entry (dependencies met) to the first page seen, and how
                     many of the stream's stages from there on were issued by the entry
     kloop, reduce, combine, epilogue
-                    its phases: the k loop, the 8 warps' partials summed, the parts' combine,
+                    its phases: the k loop (thread 0's), the 8 warps' partials summed (split
+                    at its first barrier: reduce:warps, waiting for the other warps' k loops,
+                    then reduce:sum), the parts' combine,
                     the epilogue's stores (the band's last part only); the epilogue split at
                     thread 0's first store (epi:to stores, epi:stores), or, in variant
                     `epi2` / `epiloop` (the epilogue run twice), into its two passes
@@ -48,7 +50,9 @@ MEMBAR.ALL.CTA). Around the tail (correct results unless said): `hpfN` / `hpfr6`
 prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in flight; `l2pf0`,
 `l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no
 epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
-`epiloop`, twice by one loop (the second pass on fetched code); `nofence-nohold` and
+`epiloop`, twice by one loop (the second pass on fetched code); `reduceloop`, the reduce
+twice by one loop; `holdsleep`, the streamer's wait on a raised hold sleeping 100 ns per
+poll; `nofence-nohold` and
 `nodeps-nofence-nohold`, the ceilings of any signalling scheme (timing only).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
@@ -71,14 +75,15 @@ from megak.runtime import compiler
 from probe_stream_parts import chain   # tools/, beside this file
 
 MAXPOS = 1024          # stage positions recorded per SM
-NMARK = 19   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done, 16
+NMARK = 20   # per stage: 0 issue, 9 its warp's start, 3 full seen, 2 A landed, 4 done, 16
              # landed (the watcher, below); per instruction, at its first position: 1 k-loop
              # entry, 5 k loop done, 6 reduced, 7 combined, 17 the epilogue's first rows
              # loaded (thread 0, its stores next), 8 epilogue stored (the last part only),
              # 18 the first of two epilogue passes done (variants epi2, epiloop); the
              # interpreter around it: 10 compute barrier passed (C3), 11 signalled (C4),
              # 12 loader: pages taken (L3), 13 loader: handed over (L7), 14 compute:
-             # hand-over seen (C1), 15 op entry
+             # hand-over seen (C1), 15 op entry, 19 the reduce's first barrier passed (every
+             # warp's k loop done)
 LANDED = 16
 
 # The marked build's watcher: warp 11 (idle otherwise: it leaves after setmaxnreg) follows
@@ -454,6 +459,20 @@ _EPI_TWICE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
                "#endif\n"
                "        mk_stream_store_direct(in, op, sums);")]
 
+# The reduce run twice by one loop (same sums, the hold raised twice): mark 19 is then the
+# second pass's first barrier, so reduce:warps is the first pass and reduce:sum the second's
+# work, on code the first pass fetched.
+_REDUCE_LOOP = [("    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n",
+                 "    {\n#pragma unroll 1\n"
+                 "    for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass)\n"
+                 "        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n"
+                 "    }\n")]
+
+# The streamer's wait on a raised hold with a 100-ns sleep per poll instead of back-to-back
+# shared atomics (do they slow the compute warps' shared-memory reduce?). Correct results.
+_HOLD_SLEEP = [("mk_globaltimer() < until && !mk_ring_stopped()) {\n    }\n",
+                "mk_globaltimer() < until && !mk_ring_stopped()) {\n        __nanosleep(100);\n    }\n")]
+
 # The epilogue run twice by one loop (one copy of its code): the second pass runs code the
 # first just fetched, so a fixed cost the second pass does not pay is instruction fetch, one
 # it pays again is the work. (epi2's passes are two inlined copies: both cold.)
@@ -487,6 +506,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "nofence-nohold": _NO_FENCE + _NO_HOLD,
             "noepi": _NO_EPILOGUE,
             "epi2": _EPI_TWICE, "epiloop": _EPI_LOOP,
+            "reduceloop": _REDUCE_LOOP, "holdsleep": _HOLD_SLEEP,
             "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
             "pace": _PACE, "lean-pace": _LEAN + _PACE,
@@ -559,6 +579,9 @@ MARKS = [
      "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
+    ("    mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */\n",
+     "    mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */\n"
+     "    if (tid == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 19);\n"),
     (_EPILOGUE_STORES, "        if (threadIdx.x == 0 && r0 == 0 && pages.stream_stages > 0)\n"
                        "            MKP(pages.stream_pos, 17);\n" + _EPILOGUE_STORES),
     # the watcher (warp 11, marked builds only)
@@ -672,17 +695,18 @@ def analyse(m):
             mma.append(t[4] - t[2])
             if t[0] and t[3] - t[9] > 200:   # the warp waited: full seen ~ landed
                 issue_land.append(t[3] - t[0])
-    tail = {k: [] for k in ("kloop", "reduce", "combine", "epilogue", "epi:to stores",
-                            "epi:stores", "epi:1st pass", "epi:2nd pass", "gap")}
+    tail = {k: [] for k in ("kloop", "reduce", "reduce:warps", "reduce:sum", "combine",
+                            "epilogue", "epi:to stores", "epi:stores", "epi:1st pass",
+                            "epi:2nd pass", "gap")}
     gap_steps = {k: [] for k in GAP_STEPS}
     for sm in range(m.shape[0]):
         r = m[sm]
         firsts = [p for p in np.nonzero(r[:, 1])[0] if all(r[p, i] for i in range(5, 8))]
         for j, p in enumerate(firsts):
             t = r[p]
-            for name, a, b in (("kloop", 1, 5), ("reduce", 5, 6), ("combine", 6, 7),
-                               ("epilogue", 7, 8)):
-                if t[b]:
+            for name, a, b in (("kloop", 1, 5), ("reduce", 5, 6), ("reduce:warps", 5, 19),
+                               ("reduce:sum", 19, 6), ("combine", 6, 7), ("epilogue", 7, 8)):
+                if t[a] and t[b]:
                     tail[name].append(t[b] - t[a])
             if t[18] and t[8]:            # epi2, epiloop: the two passes (17 is the second's)
                 tail["epi:1st pass"].append(t[18] - t[7])
