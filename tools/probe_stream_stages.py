@@ -51,7 +51,8 @@ prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in fli
 `l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no
 epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
 `epiloop`, twice by one loop (the second pass on fetched code); `reduceloop`, the reduce
-twice by one loop; `reducerolled`, its sum over the warps a loop; `holdsleep`, the streamer's wait on a raised hold sleeping 100 ns per
+twice by one loop; `reducerolled`, its sum over the warps a loop; `reducehalf`, a band of
+at most 32 columns reduced over its columns only; `holdsleep`, the streamer's wait on a raised hold sleeping 100 ns per
 poll; `nofence-nohold` and
 `nodeps-nofence-nohold`, the ceilings of any signalling scheme (timing only).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
@@ -473,6 +474,24 @@ _REDUCE_LOOP = [("    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages 
 _REDUCE_ROLLED = [("#pragma unroll\n                for (int w = 0; w < MK_STREAM_WARPS; ++w) {\n",
                    "#pragma unroll 1\n                for (int w = 0; w < MK_STREAM_WARPS; ++w) {\n")]
 
+# The reduce of a band of at most 32 columns (every narrow band) without the n8 tiles and
+# the column pairs past its width: half the shared stores, loads and adds, and the code they
+# take (branched over). Correct results.
+_REDUCE_HALF = [
+    ("                                                 float2 (&sums)[2][2])\n",
+     "                                                 float2 (&sums)[2][2], int cols = 64)\n"),
+    ("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);",
+     "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums, in.cols);"),
+    ("        for (int n8 = 0; n8 < 8; ++n8)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n",
+     "        for (int n8 = 0; n8 < 8; ++n8) {\n            if (8 * n8 >= cols)\n                break;\n"
+     "#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n"),
+    ("make_float2(acc[mt][n8][2 * h], acc[mt][n8][2 * h + 1]);\n            }\n",
+     "make_float2(acc[mt][n8][2 * h], acc[mt][n8][2 * h + 1]);\n            }\n        }\n"),
+    ("        for (int half = 0; half < 2; ++half) {\n            const int r = tid >> 4,",
+     "        for (int half = 0; half < 2; ++half) {\n            if (32 * half >= cols)\n"
+     "                break;\n            const int r = tid >> 4,"),
+]
+
 # The streamer's wait on a raised hold with a 100-ns sleep per poll instead of back-to-back
 # shared atomics (do they slow the compute warps' shared-memory reduce?). Correct results.
 _HOLD_SLEEP = [("mk_globaltimer() < until && !mk_ring_stopped()) {\n    }\n",
@@ -512,6 +531,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "noepi": _NO_EPILOGUE,
             "epi2": _EPI_TWICE, "epiloop": _EPI_LOOP,
             "reduceloop": _REDUCE_LOOP, "reducerolled": _REDUCE_ROLLED,
+            "reducehalf": _REDUCE_HALF,
             "holdsleep": _HOLD_SLEEP,
             "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
