@@ -23,6 +23,8 @@ PROBES = [
     ("probe_issuers.py", "issuers"),
     # whether bytes prefetched into L2 reach a later bulk copy from L2
     ("probe_l2_prefetch.py", "l2_prefetch"),
+    # how much code an SM keeps fetched, and what a cold block costs while HBM streams
+    ("probe_icache.py", "icache"),
 ]
 
 
