@@ -2,7 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak] [l2stream] [issuers] [epilogue] [ab]
+#                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -32,6 +32,9 @@
 #             1024 x 16: a streamed band's epilogue split at its first store, run twice by
 #             one loop (the second pass on fetched code), and left out (its fixed 1.28 us,
 #             benchmarks/ANALYSIS.md)                                     -> epilogue.log
+#   tailcode  tools/probe_icache.py (how much code an SM keeps, what a block past it costs
+#             beside a bulk-copy stream), then tools/probe_stream_stages.py, variants
+#             asbuilt streamonly (the streamed GEMM's build alone) on every case -> tailcode.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -58,7 +61,8 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log l2stream.log issuers.log epilogue.log ab.log ab.json; do
+                 pageleak.log l2stream.log issuers.log epilogue.log tailcode.log ab.log \
+                 ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -116,6 +120,7 @@ prebuild() {
 [[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
 [[ " ${steps[*]} " == *" epilogue "* ]] &&
     prebuild epilogue asbuilt epiloop noepi -- --cases 4096x8-b16 1024x16-b16
+[[ " ${steps[*]} " == *" tailcode "* ]] && prebuild tailcode asbuilt streamonly
 failed=()
 i=0
 while [ $i -lt ${#steps[@]} ]; do
@@ -189,6 +194,15 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             grep -v "per us" "$OUT/epilogue.log" | tail -n 12
             ;;
+        tailcode)
+            [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
+            {
+                timeout 100 python3 tools/probe_icache.py &&
+                timeout 300 python3 tools/probe_stream_stages.py --variant asbuilt streamonly
+            } > "$OUT/tailcode.log" 2>&1
+            rc=$?
+            grep -v "per us" "$OUT/tailcode.log" | tail -n 22
+            ;;
         ab)
             logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
             rc=$?
@@ -196,7 +210,7 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers, epilogue, ab)"
+                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, ab)"
             rc=2
             ;;
     esac
