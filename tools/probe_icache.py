@@ -74,14 +74,6 @@ def _blocks_source(seed: int = 7) -> str:
 SOURCE = BULK_PRELUDE + _blocks_source() + r"""
 __device__ __forceinline__ u64 cycles() { u64 c; asm volatile("mov.u64 %0, %clock64;" : "=l"(c)); return c; }
 
-__device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, u32 bytes,
-                                          u64* bar, u64 pol)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;"
-                 :: "r"(sa(dst)), "l"(src), "r"(bytes), "r"(sa(bar)), "l"(pol) : "memory");
-}
-
 /* Block 0 timed twice (stats 0-1: cycles and ns of its first run, 2-3 of its second), after
  * a settle_ns spin; between the two, blocks 1 .. before and a wait_ns spin. stream: warp 1
  * lane 0 keeps RING copies in flight over this block's `share` bytes of buf until warp 0 is
@@ -136,7 +128,7 @@ icache(const unsigned char* buf, u64 share, u32 before, u64 wait_ns, u64 settle_
         }
         atomicAdd(sink, x);
     } else if (warp == 1 && lane == 0 && stream) {
-        const u64 pol = [] { u64 p; asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p)); return p; }();
+        const u64 pol = policy(false);            /* evict-first, as the weight ring */
         const unsigned char* region = buf + (u64)blockIdx.x * share;
         const u32 n = (u32)(share / PAGE);
         u32 issued = 0, landed = 0;

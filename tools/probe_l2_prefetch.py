@@ -48,14 +48,6 @@ STAT_WORDS = 8   # per block: bytes, t_first, t_last, bad pages, error, prefetch
 MODES = {"cold": 0, "lsu32": 1, "lsu128": 2, "lsu32L": 3, "tma": 4, "warm": 5}
 
 SOURCE = BULK_PRELUDE + r"""
-__device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, u32 bytes,
-                                          u64* bar, u64 pol)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;"
-                 :: "r"(sa(dst)), "l"(src), "r"(bytes), "r"(sa(bar)), "l"(pol) : "memory");
-}
-
 __device__ __forceinline__ u64 policy_normal()
 {
     u64 p;

@@ -52,14 +52,6 @@ SMEM = MAX_PAGES * PAGE + 1024
 STAT_WORDS = 8   # per lane: bytes, t_first, t_last, bad pages, errors; 3 spare (kernel: 8)
 
 SOURCE = BULK_PRELUDE + r"""
-__device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, u32 bytes,
-                                          u64* bar, u64 pol)
-{
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-                 " [%0], [%1], %2, [%3], %4;"
-                 :: "r"(sa(dst)), "l"(src), "r"(bytes), "r"(sa(bar)), "l"(pol) : "memory");
-}
-
 /* One lane's stream: chunk c (16 KiB) comes from buf + origin + (start + c * PAGE) % wrap,
  * through R pages of its own, chunk c in page c % R, phase (c / R) & 1, until `chunks` were
  * issued or *stop is set; then it drains. Each landed page's first word is checked: the

@@ -2,8 +2,9 @@
 each its own cubin): the mbarrier operations of the weight ring's protocol, as
 megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude of
 a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
-(BULK_PRELUDE: that, pages, an L2 policy), the `--compile-only` check, and loading a probe's
-kernel on the GPU with device memory that is freed on the way out (on_gpu)."""
+(BULK_PRELUDE: that, pages, the bulk copy, an L2 policy), the `--compile-only` check, and
+loading a probe's kernel on the GPU with device memory that is freed on the way out
+(on_gpu)."""
 import contextlib
 import time
 
@@ -80,6 +81,16 @@ __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %globalt
 BULK_PRELUDE = PRELUDE + r"""
 #define PAGE 16384u
 extern __shared__ __align__(1024) unsigned char smem[];
+
+/* One bulk copy of `bytes` from global memory into shared memory at dst, its bytes completing
+ * on the mbarrier at bar, with an L2 policy (the weight ring's copy, stream.cuh). */
+__device__ __forceinline__ void bulk_load(unsigned char* dst, const unsigned char* src, u32 bytes,
+                                          u64* bar, u64 pol)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;"
+                 :: "r"(sa(dst)), "l"(src), "r"(bytes), "r"(sa(bar)), "l"(pol) : "memory");
+}
 
 /* An L2 policy for a whole copy: kept (evict-last) or let go first (evict-first). */
 __device__ __forceinline__ u64 policy(bool evict_last)
