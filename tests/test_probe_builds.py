@@ -25,6 +25,8 @@ PROBES = [
     ("probe_l2_prefetch.py", "l2_prefetch"),
     # how much code an SM keeps fetched, and what a cold block costs while HBM streams
     ("probe_icache.py", "icache"),
+    # what a warp's A chunk costs beside the weight stream, fetched three ways
+    ("probe_a_chunks.py", "a_chunks"),
 ]
 
 

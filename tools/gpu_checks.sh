@@ -2,7 +2,8 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
-#                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [ab]
+#                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [achunks]
+#                       [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -35,6 +36,8 @@
 #   tailcode  tools/probe_icache.py (how much code an SM keeps, what a block past it costs
 #             beside a bulk-copy stream), then tools/probe_stream_stages.py, variants
 #             asbuilt streamonly (the streamed GEMM's build alone) on every case -> tailcode.log
+#   achunks   tools/probe_a_chunks.py: a warp's A chunk by cp.async, bulk copies or loads,
+#             idle and beside a bulk-copy stream                          -> achunks.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -61,8 +64,8 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
-                 pageleak.log l2stream.log issuers.log epilogue.log tailcode.log ab.log \
-                 ab.json; do
+                 pageleak.log l2stream.log issuers.log epilogue.log tailcode.log \
+                 achunks.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -203,6 +206,10 @@ while [ $i -lt ${#steps[@]} ]; do
             rc=$?
             grep -v "per us" "$OUT/tailcode.log" | tail -n 22
             ;;
+        achunks)
+            logged achunks.log 150 python3 tools/probe_a_chunks.py
+            rc=$?
+            ;;
         ab)
             logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
             rc=$?
@@ -210,7 +217,8 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, ab)"
+                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, achunks," \
+                 "ab)"
             rc=2
             ;;
     esac

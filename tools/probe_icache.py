@@ -128,38 +128,10 @@ icache(const unsigned char* buf, u64 share, u32 before, u64 wait_ns, u64 settle_
         }
         atomicAdd(sink, x);
     } else if (warp == 1 && lane == 0 && stream) {
-        const u64 pol = policy(false);            /* evict-first, as the weight ring */
-        const unsigned char* region = buf + (u64)blockIdx.x * share;
-        const u32 n = (u32)(share / PAGE);
-        u32 issued = 0, landed = 0;
-        bool ok = true;
-        for (; issued < RING_PAGES && issued < n; ++issued) {
-            mbar_expect_tx(sa(&full[issued]), PAGE);
-            bulk_load(pages + issued * PAGE, region + (u64)issued * PAGE, PAGE, &full[issued], pol);
-        }
-        /* land in issue order; reissue each slot at once, wrapping round the region */
-        while (ok && !done) {
-            const u32 slot = landed % RING_PAGES, par = (landed / RING_PAGES) & 1u;
-            while (!mbar_try(sa(&full[slot]), par)) {
-                if (now() > deadline) { ok = false; break; }
-            }
-            if (!ok)
-                break;
-            ++landed;
-            mbar_expect_tx(sa(&full[slot]), PAGE);
-            bulk_load(pages + slot * PAGE, region + (u64)(issued % n) * PAGE, PAGE, &full[slot], pol);
-            ++issued;
-        }
-        /* drain: every copy in flight lands before the block's shared memory goes */
-        while (ok && landed < issued) {
-            const u32 slot = landed % RING_PAGES, par = (landed / RING_PAGES) & 1u;
-            while (!mbar_try(sa(&full[slot]), par)) {
-                if (now() > deadline) { ok = false; break; }
-            }
-            ++landed;
-        }
-        st[4] = landed;
-        st[5] = ok ? 0u : 1u;
+        const u32 landed = stream_lane(buf + (u64)blockIdx.x * share, share, pages, full,
+                                       RING_PAGES, &done, deadline);
+        st[4] = landed == ~0u ? 0u : landed;
+        st[5] = landed == ~0u ? 1u : 0u;
     }
     __syncthreads();
 }

@@ -1,10 +1,10 @@
 """What the standalone probes share (tools/probe_*.py build their kernels from source strings,
 each its own cubin): the mbarrier operations of the weight ring's protocol, as
-megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude of
-a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
-(BULK_PRELUDE: that, pages, the bulk copy, an L2 policy), the `--compile-only` check, and
-loading a probe's kernel on the GPU with device memory that is freed on the way out
-(on_gpu)."""
+megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude
+of a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
+(BULK_PRELUDE: that, pages, the bulk copy, an L2 policy, a lane streaming HBM as the weight
+ring does), the `--compile-only` check, and loading a probe's kernel on the GPU with device
+memory that is freed on the way out (on_gpu)."""
 import contextlib
 import time
 
@@ -101,5 +101,39 @@ __device__ __forceinline__ u64 policy(bool evict_last)
     else
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
+}
+
+/* One lane pulling its SM's share of HBM as the weight ring does: `ring` bulk copies of PAGE
+ * bytes in flight (evict-first) over the `share` bytes at region, wrapping, into the pages
+ * at `pages` with one mbarrier each in full[] (initialised, count 1), each page reissued as it
+ * lands, until *done is set; then every copy in flight lands (the block's shared memory
+ * outlives them). Returns the copies landed, or ~0u past the deadline. */
+__device__ __noinline__ u32 stream_lane(const unsigned char* region, u64 share,
+                                        unsigned char* pages, u64* full, u32 ring,
+                                        const volatile u32* done, u64 deadline)
+{
+    const u64 pol = policy(false);
+    const u32 n = (u32)(share / PAGE);
+    u32 issued = 0, landed = 0;
+    for (; issued < ring && issued < n; ++issued) {
+        mbar_expect_tx(sa(&full[issued]), PAGE);
+        bulk_load(pages + issued * PAGE, region + (u64)issued * PAGE, PAGE, &full[issued], pol);
+    }
+    bool stop = false;
+    while (landed < issued) {   /* land in issue order; reissue each slot until told to stop */
+        const u32 slot = landed % ring, par = (landed / ring) & 1u;
+        while (!mbar_try(sa(&full[slot]), par))
+            if (now() > deadline)
+                return ~0u;
+        ++landed;
+        stop = stop || *done != 0u;
+        if (!stop) {
+            mbar_expect_tx(sa(&full[slot]), PAGE);
+            bulk_load(pages + slot * PAGE, region + (u64)(issued % n) * PAGE, PAGE, &full[slot],
+                      pol);
+            ++issued;
+        }
+    }
+    return landed;
 }
 """
