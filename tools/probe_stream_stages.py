@@ -53,9 +53,9 @@ epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its cod
 `epiloop`, twice by one loop (the second pass on fetched code); `reduceloop`, the reduce
 twice by one loop; `reducerolled`, its sum over the warps a loop; `reducehalf`, a band of
 at most 32 columns reduced over its columns only; `streamonly`, a build of the streamed GEMM
-alone (programs of streamed GEMMs only); `holdsleep`, the streamer's wait on a raised hold sleeping 100 ns per
-poll; `nofence-nohold` and
-`nodeps-nofence-nohold`, the ceilings of any signalling scheme (timing only).
+alone (programs of streamed GEMMs only); `holdsleep`, the streamer's wait on a raised hold
+sleeping 100 ns per poll; `nofence-nohold` and `nodeps-nofence-nohold`, the ceilings of any
+signalling scheme (timing only).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
 misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU machine's
@@ -445,21 +445,21 @@ _EPILOGUE_STORES = ("#pragma unroll\n        for (int j = 0; j < 4; ++j) {\n"
                     "            const int r = r0 + j * (MK_THREADS / 32);\n"
                     "            if (r < rows) {\n                const float4 x = mk_epilogue4(")
 
+# The streamed GEMM's two epilogues (gemm_stream.cuh, mk_gemm_stream_run)
+_EPILOGUE_CALLS = ("mk_gemm_epilogue_at(in, op, pages, in.row0);",   # parts > 1
+                   "mk_stream_store_direct(in, op, sums);")          # one part
+
+
 # The epilogue run twice, the second pass storing the same values again (mark 18 between, in
 # marked builds): a fixed cost that the second pass does not pay is the first pass's code
 # arriving (instruction fetch), one it pays again is the work itself. Results as built.
-_EPI_TWICE = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
-               "mk_gemm_epilogue_at(in, op, pages, in.row0);\n"
-               "#if defined(MKP_ON)\n"
-               "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
-               "#endif\n"
-               "        mk_gemm_epilogue_at(in, op, pages, in.row0);"),
-              ("mk_stream_store_direct(in, op, sums);",
-               "mk_stream_store_direct(in, op, sums);\n"
-               "#if defined(MKP_ON)\n"
-               "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
-               "#endif\n"
-               "        mk_stream_store_direct(in, op, sums);")]
+def _epilogue_twice(call):
+    return (call, call + "\n#if defined(MKP_ON)\n"
+            "        if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 18);\n"
+            "#endif\n        " + call)
+
+
+_EPI_TWICE = [_epilogue_twice(c) for c in _EPILOGUE_CALLS]
 
 # The reduce run twice by one loop (same sums, the hold raised twice): mark 19 is then the
 # second pass's first barrier, so reduce:warps is the first pass and reduce:sum the second's
@@ -516,27 +516,22 @@ _STREAM_ONLY = [
 _HOLD_SLEEP = [("mk_globaltimer() < until && !mk_ring_stopped()) {\n    }\n",
                 "mk_globaltimer() < until && !mk_ring_stopped()) {\n        __nanosleep(100);\n    }\n")]
 
+
 # The epilogue run twice by one loop (one copy of its code): the second pass runs code the
 # first just fetched, so a fixed cost the second pass does not pay is instruction fetch, one
 # it pays again is the work. (epi2's passes are two inlined copies: both cold.)
-_EPI_LOOP = [("mk_gemm_epilogue_at(in, op, pages, in.row0);",
-              "{\n#pragma unroll 1\n"
-              "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
-              "            mk_gemm_epilogue_at(in, op, pages, in.row0);\n"
-              "#if defined(MKP_ON)\n"
-              "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
-              "                MKP(pages.stream_pos, 18);\n"
-              "#endif\n"
-              "        }\n        }"),
-             ("mk_stream_store_direct(in, op, sums);",
-              "{\n#pragma unroll 1\n"
-              "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
-              "            mk_stream_store_direct(in, op, sums);\n"
-              "#if defined(MKP_ON)\n"
-              "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
-              "                MKP(pages.stream_pos, 18);\n"
-              "#endif\n"
-              "        }\n        }")]
+def _epilogue_loop(call):
+    return (call, "{\n#pragma unroll 1\n"
+            "        for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass) {\n"
+            "            " + call + "\n"
+            "#if defined(MKP_ON)\n"
+            "            if (mkp_pass == 0 && threadIdx.x == 0 && pages.stream_stages > 0)\n"
+            "                MKP(pages.stream_pos, 18);\n"
+            "#endif\n"
+            "        }\n        }")
+
+
+_EPI_LOOP = [_epilogue_loop(c) for c in _EPILOGUE_CALLS]
 
 
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
