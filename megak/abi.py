@@ -44,6 +44,7 @@ OPERAND_MASKS = _enum("mk_op_operands")
 RESIDENT = _enum("mk_resident_limits")
 TRACE_PHASES = _enum("mk_trace_phase")
 ACTIVATIONS = _enum("mk_activation")
+BODIES = _enum("mk_bodies")
 
 INSTR_BYTES = LIMITS["MK_INSTR_BYTES"]
 MAX_WAITS = LIMITS["MK_MAX_WAITS"]
@@ -79,6 +80,9 @@ FLAG_CAUSAL = FLAGS["MK_FLAG_CAUSAL"]
 FLAG_STREAM = FLAGS["MK_FLAG_STREAM"]
 FLAG_WGMMA = FLAGS["MK_FLAG_WGMMA"]
 FLAG_STREAM_NARROW = FLAGS["MK_FLAG_STREAM_NARROW"]
+BODY_GEMM_TILED = BODIES["MK_BODY_GEMM_TILED"]
+BODY_GEMM_STREAM = BODIES["MK_BODY_GEMM_STREAM"]
+BODY_GEMM_WGMMA = BODIES["MK_BODY_GEMM_WGMMA"]
 # sm_state.counter of a poll of a flagged word past its deadline: this bit | the tensor slot
 FLAG_WAIT = _enum("mk_flag_wait")["MK_FLAG_WAIT"]
 DTYPE_F32_FLAG = DTYPES["MK_DTYPE_F32_FLAG"]

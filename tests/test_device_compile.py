@@ -87,6 +87,30 @@ def test_megakernel_compiles_without_spills_in_the_ops(variant, request):
     assert k.static_smem == 0, f"static shared memory eats into the pages: {_resources(k)}"
 
 
+def test_a_build_holds_its_bodies_only(kernel, cache_dir):
+    """MK_BODIES (instr.h): a build of the streamed GEMM holds that body and none of the
+    others, no resident kernel, and far less code per SM than the build of every body."""
+    stream = (1 << abi.OP_NOP) | (1 << abi.OPCODE_OF["gemm"]) | abi.BODY_GEMM_STREAM
+    k = compiler.compile_megakernel(ARCH, defines=compiler.bodies_defines(stream),
+                                    cache_dir=cache_dir)
+    print(f"\nmegakernel (streamed GEMM only): {_resources(k)}")
+    assert k.spill_bytes == 0 and k.registers <= MAX_REGISTERS, _resources(k)
+    sizes, every = compiler.code_sizes(k.cubin), compiler.code_sizes(kernel.cubin)
+
+    def held(sizes, fn):
+        return sum(v for name, v in sizes.items() if f"${fn}" in name or f"{len(fn)}{fn}" in name)
+
+    assert held(sizes, "mk_gemm_stream") > 0 and held(every, "mk_gemm_stream") > 0
+    for fn in ("mk_gemm_bf16", "mk_gemm_f32", "mk_gemm_wgmma", "mk_transpose_body",
+               "megakernel_resident"):
+        assert held(every, fn) > 0, fn
+        assert held(sizes, fn) == 0, fn
+    # the interpreter (mk_compute) and the loader without the other ops inlined
+    for fn in ("mk_compute", "mk_loader"):
+        assert 0 < held(sizes, fn) < held(every, fn) / 2, (fn, held(sizes, fn), held(every, fn))
+    assert sizes["megakernel"] < every["megakernel"] / 3
+
+
 def test_layout_asserts_compile(cache_dir):
     """cffi's view of instr.h (sizes, offsets, enum values) holds in NVRTC's view too."""
     src = compiler.resolve_includes(abi.layout_asserts(), compiler.DEVICE_DIR)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import megak
@@ -49,6 +50,28 @@ def test_dispatch_list_matches_the_registry():
         # the early operand is what the loader preloads before the waits
         if REGISTRY[name].early_operand is not None:
             assert preload
+
+
+def test_every_dispatch_into_an_op_is_guarded_by_its_body():
+    """A build of some bodies (instr.h, MK_BODIES) compiles no call into the others: each
+    X(...) of the dispatch functions that calls an op's entry checks MK_OP_BUILT(OP)."""
+    src = (ROOT / "device" / "megakernel.cu").read_text().replace("\\\n", " ")
+    defs = re.findall(r"#define X\(OP, name, PRELOAD\)(.*)", src)
+    calls = [d for d in defs if "mk_##name##_" in d or "MK_PRELOAD" in d]
+    assert len(calls) == 6, defs   # check, check_operands, run, the three preload entries
+    for d in calls:
+        assert "MK_OP_BUILT(OP)" in d, d
+
+
+@pytest.mark.parametrize("name", list(REGISTRY))
+def test_op_bodies_hold_its_opcode_and_no_other(name):
+    op = REGISTRY[name]
+    recs = np.zeros(3, dtype=abi.INSTR_DTYPE)
+    recs["opcode"] = op.opcode
+    mask = op.bodies(recs)
+    below = (1 << abi.OPCODES["MK_OP_COUNT"]) - 1
+    assert mask & below == 1 << op.opcode
+    assert mask & ~below & ~sum(abi.BODIES.values()) == 0
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))

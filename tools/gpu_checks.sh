@@ -10,7 +10,9 @@
 # (../shared/tools/gpu-prep stages them; carry .whl to the machine). Logs and results go
 # under $OUT (default ./gpu-checks):
 #
-#   tier      pytest -m gpu over tests/ and benchmarks/test_gpu_benchmarks.py  -> tier.log
+#   tier      tools/prebuild_bodies.py (the tier's builds, in parallel), then pytest -m gpu
+#             over tests/ and benchmarks/test_gpu_benchmarks.py      -> prebuild-bodies.log,
+#                                                                       tier.log
 #   sanitize  tools/sanitize.sh: memcheck, racecheck, synccheck               -> san/
 #   report B  python -m benchmarks.report --baseline B (a results JSON)        -> bench/
 #             (the JSON records $MEGAK_COMMIT as the revision measured, where it is set:
@@ -34,8 +36,7 @@
 #             one loop (the second pass on fetched code), and left out (its fixed 1.28 us,
 #             benchmarks/ANALYSIS.md)                                     -> epilogue.log
 #   tailcode  tools/probe_icache.py (how much code an SM keeps, what a block past it costs
-#             beside a bulk-copy stream), then tools/probe_stream_stages.py, variants
-#             asbuilt streamonly (the streamed GEMM's build alone) on every case -> tailcode.log
+#             beside a bulk-copy stream)                                  -> tailcode.log
 #   achunks   tools/probe_a_chunks.py: a warp's A chunk by cp.async, bulk copies or loads,
 #             idle and beside a bulk-copy stream                          -> achunks.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
@@ -123,7 +124,6 @@ prebuild() {
 [[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
 [[ " ${steps[*]} " == *" epilogue "* ]] &&
     prebuild epilogue asbuilt epiloop noepi -- --cases 4096x8-b16 1024x16-b16
-[[ " ${steps[*]} " == *" tailcode "* ]] && prebuild tailcode asbuilt streamonly
 failed=()
 i=0
 while [ $i -lt ${#steps[@]} ]; do
@@ -132,10 +132,15 @@ while [ $i -lt ${#steps[@]} ]; do
     echo "== gpu_checks: $step ($(date -u +%H:%M:%S))"
     case "$step" in
         tier)
-            timeout --kill-after=20 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests \
-                benchmarks/test_gpu_benchmarks.py --benchmark-disable > "$OUT/tier.log" 2>&1
+            # the tier's builds (one per program's op bodies) compiled first, on every core
+            timeout 240 python3 tools/prebuild_bodies.py --jobs "$(nproc)" \
+                > "$OUT/prebuild-bodies.log" 2>&1
+            grep "^prebuild_bodies" "$OUT/prebuild-bodies.log"
+            timeout --kill-after=20 400 python3 -m pytest -q -m gpu -p no:cacheprovider -rfE \
+                --durations=15 tests benchmarks/test_gpu_benchmarks.py --benchmark-disable \
+                > "$OUT/tier.log" 2>&1
             rc=$?
-            tail -n 3 "$OUT/tier.log"
+            grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tier.log" | tail -n 12
             ;;
         sanitize)
             LOGDIR="$OUT/san" SANITIZE_TIMEOUT=${SANITIZE_TIMEOUT:-110} timeout 400 \
@@ -198,13 +203,8 @@ while [ $i -lt ${#steps[@]} ]; do
             grep -v "per us" "$OUT/epilogue.log" | tail -n 12
             ;;
         tailcode)
-            [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
-            {
-                timeout 100 python3 tools/probe_icache.py &&
-                timeout 300 python3 tools/probe_stream_stages.py --variant asbuilt streamonly
-            } > "$OUT/tailcode.log" 2>&1
+            logged tailcode.log 100 python3 tools/probe_icache.py
             rc=$?
-            grep -v "per us" "$OUT/tailcode.log" | tail -n 22
             ;;
         achunks)
             logged achunks.log 150 python3 tools/probe_a_chunks.py

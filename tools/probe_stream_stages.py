@@ -52,11 +52,11 @@ prefetches into L2 at the hold; `holdcapN`, the hold as a cap of N copies in fli
 epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
 `epiloop`, twice by one loop (the second pass on fetched code); `reduceloop`, the reduce
 twice by one loop; `reducerolled`, its sum over the warps a loop; `reducehalf`, a band of
-at most 32 columns reduced over its columns only; `streamonly`, a build of the streamed GEMM
-alone (programs of streamed GEMMs only); `holdsleep`, the streamer's wait on a raised hold
+at most 32 columns reduced over its columns only; `holdsleep`, the streamer's wait on a raised hold
 sleeping 100 ns per poll; `nofence-nohold` and `nodeps-nofence-nohold`, the ceilings of any
 signalling scheme (timing only).
-`--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU.
+`--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU (the
+build the runtime picks for the chains: their bodies, MK_BODIES, instr.h).
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
 misses there, so tools/gpu_checks.sh builds the variants in parallel on the GPU machine's
 spare cores while its other steps run.
@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 
 import megak
+from megak import abi
 from megak.dtypes import numpy_dtype
 from megak.ops import gemm
 from megak.runtime import compiler
@@ -493,24 +494,6 @@ _REDUCE_HALF = [
      "                break;\n            const int r = tid >> 4,"),
 ]
 
-# A build of the streamed GEMM alone (a W2 chain's only records): the other ops' bodies out of
-# the interpreter and the loader, and the other GEMM paths out of mk_gemm_run, so that what
-# a round runs lies in less code (ANALYSIS: an SM keeps 96-128 KiB of code). Correct results
-# for programs of streamed GEMMs only.
-_STREAM_ONLY = [
-    ("#define MK_FOR_EACH_OP(X)      \\\n    X(COPY, copy, 0)           \\\n"
-     "    X(TRANSPOSE, transpose, 0) \\\n    X(GEMM, gemm, 1)           \\\n"
-     "    X(REDUCE, reduce, 0)       \\\n    X(ADD, add, 0)             \\\n"
-     "    X(SOFTMAX, softmax, 0)     \\\n    X(LAYERNORM, layernorm, 0) \\\n"
-     "    X(RMSNORM, rmsnorm, 0)\n",
-     "#define MK_FOR_EACH_OP(X) X(GEMM, gemm, 1)\n"),
-    ("        mk_gemm_wgmma(in, op, pages.base, pages.idx, pages.preloaded, pages.released);\n", ""),
-    ("    else if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)\n"
-     "        mk_gemm_bf16(in, op, pages.base, pages.idx, pages.preloaded, pages.released);\n"
-     "    else\n"
-     "        mk_gemm_f32(in, op, pages.base, pages.idx, pages.preloaded, pages.released);\n", ""),
-]
-
 # The streamer's wait on a raised hold with a 100-ns sleep per poll instead of back-to-back
 # shared atomics (do they slow the compute warps' shared-memory reduce?). Correct results.
 _HOLD_SLEEP = [("mk_globaltimer() < until && !mk_ring_stopped()) {\n    }\n",
@@ -545,7 +528,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "noepi": _NO_EPILOGUE,
             "epi2": _EPI_TWICE, "epiloop": _EPI_LOOP,
             "reduceloop": _REDUCE_LOOP, "reducerolled": _REDUCE_ROLLED,
-            "reducehalf": _REDUCE_HALF, "streamonly": _STREAM_ONLY,
+            "reducehalf": _REDUCE_HALF,
             "holdsleep": _HOLD_SLEEP,
             "nodeps-nofence-nohold": _NO_DEPS + _NO_FENCE + _NO_HOLD,
             "lean-cap6": _LEAN + cap(6), "lean-cap8": _LEAN + cap(8),
@@ -841,6 +824,12 @@ def flush_for(inputs, args) -> bool:
     return args.flush == "always" or sum(a.nbytes for a in inputs.values()) <= L2_FLUSH_BYTES
 
 
+# the chains' build: streamed GEMMs only (the executor's MK_BODIES for their plans)
+CHAIN_BODIES = compiler.bodies_defines(megak.ops.bodies(np.array(
+    [(abi.OPCODE_OF["gemm"], abi.FLAG_STREAM | abi.FLAG_B_READY)],
+    dtype=[("opcode", np.uint16), ("flags", np.uint32)])))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", nargs="*", default=list(VARIANTS))
@@ -855,7 +844,7 @@ def main():
         for v in args.variant:
             for marked in (False, True):
                 use(v, marked)
-                k = compiler.compile_megakernel("sm_90a")
+                k = compiler.compile_megakernel("sm_90a", defines=CHAIN_BODIES)
                 print(v, "marked" if marked else "plain", "cached" if k.from_cache else "compiled",
                       compiler.parse_ptxas_log(k.log), flush=True)
         compiler.device_source = _ORIGINAL

@@ -179,6 +179,28 @@ enum mk_flags {
                                      MK_STREAM_NARROW_READY (else the GEMM loads B itself) */
 };
 
+/* A build's op bodies: the megakernel compiled with -DMK_BODIES=<mask> holds only the bodies
+ * in the mask, so an SM's instruction cache (96-128 KiB, benchmarks/ANALYSIS.md) holds the
+ * interpreter and what the program runs, not every op. Bit `opcode` for each opcode (NOP's
+ * bit 0 is always built); a GEMM record also needs the bit of its path. A record of an op
+ * the build lacks fails validation with MK_ERR_BAD_OPCODE, a GEMM record of a path it lacks
+ * its record check (MK_ERR_BAD_DESCRIPTOR). Without MK_BODIES every body is built (the
+ * resident kernel's build: it serves programs registered later). The runtime builds each
+ * program's kernel with the bodies of its records (ops/<op>.py, OpDef.bodies). */
+enum mk_bodies {
+    MK_BODY_GEMM_TILED = 1 << 16,   /* fp32 and bf16 tiles (ops/gemm.cuh, gemm_bf16.cuh) */
+    MK_BODY_GEMM_STREAM = 1 << 17,  /* MK_FLAG_STREAM (ops/gemm_stream.cuh) */
+    MK_BODY_GEMM_WGMMA = 1 << 18    /* MK_FLAG_WGMMA (ops/gemm_wgmma.cuh) */
+};
+#ifdef MK_BODIES
+#define MK_EVERY_BODY 0
+#else
+#define MK_BODIES 0xffffffffu
+#define MK_EVERY_BODY 1   /* the one build with the resident kernel (megakernel.cu) */
+#endif
+/* whether this build holds the bodies `bits` (code under a false one is never compiled in) */
+#define MK_BUILT(bits) (((MK_BODIES) & (bits)) != 0u)
+
 enum mk_activation {
     MK_ACT_NONE = 0,
     MK_ACT_RELU = 1,

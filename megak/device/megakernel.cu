@@ -72,6 +72,9 @@
     X(LAYERNORM, layernorm, 0) \
     X(RMSNORM, rmsnorm, 0)
 
+/* (an op's entries below are called only where the build holds it: instr.h, MK_BUILT) */
+#define MK_OP_BUILT(OP) MK_BUILT(1u << MK_OP_##OP)
+
 /* Operand positions an opcode reads (their descriptors are prefetched and validated). */
 __device__ __forceinline__ mk_u32 mk_op_operands(mk_u32 opcode)
 {
@@ -96,7 +99,7 @@ __device__ __forceinline__ mk_u32 mk_op_pages(mk_u32 opcode)
 __device__ __forceinline__ bool mk_op_check(const mk_instr& in)
 {
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: return mk_##name##_check(in);
+#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_OP_BUILT(OP) && mk_##name##_check(in);
         MK_FOR_EACH_OP(X)
 #undef X
     default: return true;   /* NOP */
@@ -106,7 +109,8 @@ __device__ __forceinline__ bool mk_op_check(const mk_instr& in)
 __device__ __forceinline__ bool mk_op_check_operands(const mk_instr& in, const mk_tensor* op)
 {
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: return mk_##name##_check_operands(in, op);
+#define X(OP, name, PRELOAD) \
+    case MK_OP_##OP: return MK_OP_BUILT(OP) && mk_##name##_check_operands(in, op);
         MK_FOR_EACH_OP(X)
 #undef X
     default: return true;
@@ -124,7 +128,8 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
         mk_gemm_wgmma_run(in, op, pages);
 #else
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: mk_##name##_run(in, op, pages); break;
+#define X(OP, name, PRELOAD) \
+    case MK_OP_##OP: if (MK_OP_BUILT(OP)) mk_##name##_run(in, op, pages); break;
         MK_FOR_EACH_OP(X)
 #undef X
     default: break;   /* NOP */
@@ -143,7 +148,8 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
 __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_PRELOAD_STAGES_##PRELOAD(name, in, op);
+#define X(OP, name, PRELOAD) \
+    case MK_OP_##OP: return MK_OP_BUILT(OP) ? MK_PRELOAD_STAGES_##PRELOAD(name, in, op) : 0u;
         MK_FOR_EACH_OP(X)
 #undef X
     default: return 0;
@@ -155,7 +161,8 @@ __device__ __forceinline__ void mk_op_preload(const mk_instr& in, const mk_tenso
 {
     (void)op; (void)pages; (void)lane; (void)parts;
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: MK_PRELOAD_##PRELOAD(name, in, op, pages, lane, parts); break;
+#define X(OP, name, PRELOAD) \
+    case MK_OP_##OP: if (MK_OP_BUILT(OP)) { MK_PRELOAD_##PRELOAD(name, in, op, pages, lane, parts); } break;
         MK_FOR_EACH_OP(X)
 #undef X
     default: break;
@@ -168,7 +175,8 @@ __device__ __forceinline__ mk_u32 mk_op_preload_late(const mk_instr& in, const m
 {
     (void)op; (void)pages; (void)lane;
     switch (in.opcode) {
-#define X(OP, name, PRELOAD) case MK_OP_##OP: return MK_PRELOAD_LATE_##PRELOAD(name, in, op, pages, lane);
+#define X(OP, name, PRELOAD) \
+    case MK_OP_##OP: return MK_OP_BUILT(OP) ? MK_PRELOAD_LATE_##PRELOAD(name, in, op, pages, lane) : MK_OK;
         MK_FOR_EACH_OP(X)
 #undef X
     default: return MK_OK;
@@ -183,8 +191,8 @@ __device__ __forceinline__ mk_u32 mk_op_preload_late(const mk_instr& in, const m
 __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_params& p,
                                               mk_u32* expected, mk_u32* observed)
 {
-    if (in.opcode >= MK_OP_COUNT)
-        return MK_ERR_BAD_OPCODE;
+    if (in.opcode >= MK_OP_COUNT || (in.opcode != MK_OP_NOP && !MK_BUILT(1u << in.opcode)))
+        return MK_ERR_BAD_OPCODE;   /* (a GEMM path the build lacks fails mk_gemm_check) */
 #if MK_WGMMA_ONLY
     /* the records this variant runs (pages.cuh): wgmma tiles with a register epilogue, and
      * split-K reduces (their body is a call on its own branch, with no accumulator live) */
@@ -417,7 +425,7 @@ __device__ mk_u32 mk_loader_ring_pages(mk_control& ctl, mk_slot& s, mk_u32 q,
 /* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
 __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p)
 {
-    return mk_gemm_stream_stages(in, p);
+    return MK_BUILT(MK_BODY_GEMM_STREAM) ? mk_gemm_stream_stages(in, p) : 0u;
 }
 
 /* Streamer lane 0: wait until the compute warp that reads ring slot `slot`'s previous stage
@@ -1061,7 +1069,9 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);
 }
 
-#if !MK_WGMMA_ONLY   /* the variant holds the entry megakernel only (pages.cuh) */
+/* (the MK_WGMMA_ONLY variant holds the entry megakernel only, pages.cuh; a build of some
+ * bodies, instr.h's MK_BODIES, no resident kernel: that one serves any program) */
+#if !MK_WGMMA_ONLY && MK_EVERY_BODY
 
 /* ---- the resident kernel -------------------------------------------------------------------
  *
@@ -1356,6 +1366,9 @@ megakernel_resident(const mk_resident_args a)
     }
 }
 
+#endif /* !MK_WGMMA_ONLY && MK_EVERY_BODY */
+
+#if !MK_WGMMA_ONLY
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record
  * params->instrs[first + b] with the same op code, no waits and no signals (stream order is
  * the dependency between launches), pages 0..n-1 of its own shared memory. An invalid record

@@ -13,6 +13,7 @@ scheduler, the simulator, the page plans and the test references loop over the r
                       lower                a unit -> records (regions, reads, cost)
                       early_operand        the input the loader may fetch before the waits
                       flag_io              reads and writes flagged tensors (device/flag.cuh)
+    runtime           bodies               the device bodies its records run (the build)
     sim, page_plan    page_plan            the pages the loader fills, phases, releases
     sim               check_record         record-only limits; simulate: run one record
                       reads                flag_io ops: the regions simulate will read
@@ -161,6 +162,13 @@ class OpDef:
     def lower(self, unit: Unit):
         """unit -> megak.ops._lowering.Lowered."""
         raise NotImplementedError(self.name)
+
+    # -- runtime --------------------------------------------------------------------------------
+    def bodies(self, recs: np.ndarray) -> int:
+        """The MK_BODIES bits (instr.h, enum mk_bodies) the kernel needs to run `recs`, this
+        op's records (a non-empty array): its opcode's bit, and the paths an op with several
+        device bodies takes."""
+        return 1 << self.opcode
 
     # -- pages, simulator -----------------------------------------------------------------------
     def page_plan(self, rec, dtype_a: str) -> PagePlan:

@@ -369,6 +369,17 @@ class Gemm(OpDef):
                        wait_levels=("col", "op"),
                        combine=group if parts > 1 else None)
 
+    # -- runtime ----------------------------------------------------------------------------
+    def bodies(self, recs: np.ndarray) -> int:
+        flags = recs["flags"].astype(np.int64)
+        wgmma = (flags & abi.FLAG_WGMMA) != 0
+        stream = ((flags & abi.FLAG_STREAM) != 0) & ~wgmma
+        mask = 1 << self.opcode
+        mask |= abi.BODY_GEMM_WGMMA if wgmma.any() else 0
+        mask |= abi.BODY_GEMM_STREAM if stream.any() else 0
+        mask |= abi.BODY_GEMM_TILED if (~wgmma & ~stream).any() else 0
+        return mask
+
     # -- pages ------------------------------------------------------------------------------
     def page_plan(self, rec, dtype_a: str) -> PagePlan:
         if int(rec["flags"]) & abi.FLAG_WGMMA:

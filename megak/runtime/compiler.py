@@ -291,6 +291,32 @@ def _make(cubin: bytes, log: str, arch: str, key: str, entry: str,
                           cache_key=key, kernel_name=entry)
 
 
+def code_sizes(cubin: bytes) -> dict[str, int]:
+    """Bytes of SASS per function (kernels and the non-inlined device functions), from the
+    cubin's ELF symbol table: what an SM's instruction cache has to hold."""
+    import struct
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    sizes = {}
+    for _, kind, _, _, off, size, link, _, _, entsize in sections:
+        if kind != 2:   # SHT_SYMTAB
+            continue
+        strtab_off = sections[link][4]
+        for o in range(off, off + size, entsize):
+            name_at, info, _, _, _, sym_size = struct.unpack_from("<IBBHQQ", cubin, o)
+            if info & 0xF == 2 and sym_size:   # STT_FUNC
+                end = cubin.index(b"\0", strtab_off + name_at)
+                sizes[cubin[strtab_off + name_at:end].decode()] = sym_size
+    return sizes
+
+
+def bodies_defines(bodies: int) -> dict:
+    """The defines of a build holding the op bodies `bodies` (instr.h, enum mk_bodies)."""
+    return {"MK_BODIES": f"{bodies:#x}u"}
+
+
 def compile_megakernel(arch: str = DEFAULT_ARCH, defines: dict | None = None,
                        cache_dir: str | Path | None = None) -> CompiledKernel:
     """The megakernel as a cubin for ``arch`` (sm_90a on H100/H200), from the disk cache when

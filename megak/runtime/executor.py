@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import abi, dtypes, pages
 from ..errors import GraphError, MegakernelError, MegakernelHang, raise_for_status
+from ..ops import bodies as ops_bodies
 from ..plan import Plan, TensorSlot
 from . import memory as mem
 from . import tensor_maps
@@ -256,9 +257,12 @@ class CudaExecutor:
                 f"i.e. {pages.pages_for(info['smem_optin'])} pages of {pages.PAGE_BYTES} B")
 
         # -- compile and load (the traced variant only when a traced run asks for it) -----------
-        # (trace, MK_WGMMA_ONLY build: 0 none, 1 n256, 2 n128) -> (compiled, object code,
-        # kernel, info)
-        self._variants: dict[tuple[bool, int], tuple] = {}
+        # (trace, MK_WGMMA_ONLY build: 0 none, 1 n256, 2 n128, MK_BODIES or None: every body)
+        # -> (compiled, object code, kernel, info)
+        self._variants: dict[tuple[bool, int, int | None], tuple] = {}
+        # the op bodies the plan's records run (instr.h, enum mk_bodies): its kernel holds
+        # only those, so an SM's instruction cache holds what the program runs
+        self.bodies = ops_bodies(plan.instrs)
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
         self._wgmma_slots = None   # set with the tables (_upload_tables)
         self._own_wgmma_only = None
@@ -310,26 +314,36 @@ class CudaExecutor:
         self._host_timeout_s = value
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _variant(self, trace: bool, wgmma_only: int = 0) -> tuple:
+    def _variant(self, trace: bool, wgmma_only: int = 0, every_body: bool = False) -> tuple:
         """(compiled, object code, kernel, kernel info) of the plain, the MK_TRACE=1 or the
-        MK_WGMMA_ONLY=<wgmma_only> build (device/pages.cuh: 1 n256, 2 n128): compiled (cached
+        MK_WGMMA_ONLY=<wgmma_only> build (device/pages.cuh: 1 n256, 2 n128), the first two
+        with the plan's bodies (MK_BODIES, self.bodies) unless `every_body`: compiled (cached
         on disk), loaded and configured once per executor."""
-        key = (trace, wgmma_only)
+        bodies = None if every_body or wgmma_only else self.bodies
+        key = (trace, wgmma_only, bodies)
         if key not in self._variants:
             from cuda.core import ObjectCode
 
-            from .compiler import compile_megakernel
+            from .compiler import bodies_defines, compile_megakernel
             defines = {}
             if trace:
                 defines["MK_TRACE"] = 1
             if wgmma_only:
                 defines["MK_WGMMA_ONLY"] = wgmma_only
+            if bodies is not None:
+                defines.update(bodies_defines(bodies))
             compiled = compile_megakernel(arch=self.info["arch"], defines=defines or None)
             code = ObjectCode.from_cubin(compiled.cubin)
             kernel = code.get_kernel("megakernel")
             kinfo = self._configure_kernel(kernel)
             self._variants[key] = (compiled, code, kernel, kinfo)
         return self._variants[key]
+
+    def _use_bodies(self, bodies: int) -> None:
+        """Run a build of these op bodies (MK_BODIES) from the next launch on."""
+        if bodies != self.bodies:
+            self.bodies = bodies
+            self._function = self._variant(False)[3]["function"]
 
     def _find_wgmma_only(self) -> None:
         """Whether the plan as it is now (tensor_maps.wgmma_only_slots) can run on the
@@ -633,6 +647,7 @@ class CudaExecutor:
             self._write_params()
             self._find_wgmma_only()
             self._wait_stream("uploading the queues")
+            self._use_bodies(ops_bodies(self.plan.instrs))   # edited records may run others
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
             trace: bool = False, external: dict | None = None,
@@ -817,7 +832,7 @@ class CudaExecutor:
         """The resident entry of this executor's module (megakernel_resident), opted in to
         `smem_bytes` of dynamic shared memory and checked to fit one block per SM."""
         drv = _bindings()
-        _, code, _, _ = self._variant(False)
+        _, code, _, _ = self._variant(False, every_body=True)   # later programs' bodies too
         _, func = kernel_handles(code.get_kernel("megakernel_resident"))
         check(drv.cuFuncSetAttribute(
             func, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -453,9 +453,11 @@ class _FakeGpu:
             Device=Device, LaunchConfig=LaunchConfig, launch=launch,
             ObjectCode=types.SimpleNamespace(from_cubin=lambda cubin: types.SimpleNamespace(
                 get_kernel=lambda name: types.SimpleNamespace(handle=real.CUkernel(0)))))
+        from megak.runtime.compiler import bodies_defines
         self.compiler = types.SimpleNamespace(
             compile_megakernel=lambda arch, defines=None: types.SimpleNamespace(
-                cubin=b"", arch=arch, defines=defines))
+                cubin=b"", arch=arch, defines=defines),
+            bodies_defines=bodies_defines)
 
     def handle(self, what: str) -> int:
         h = 0x1000 + 16 * (1 + max(self.graphs, default=0) // 16)
@@ -586,7 +588,8 @@ def test_fake_round_trip_padding_and_epochs(fake_gpu, rng, managed):
         np.testing.assert_array_equal(ex.run({0: x}, [0], trace=True)[0], x)
         ev = ex.last_trace_events
         assert ev.dtype == abi.TRACE_DTYPE and len(ev) == len(plan.instrs)
-        assert set(ex._variants) == {(False, False), (True, False)}   # (trace, wgmma_only)
+        # (trace, wgmma_only, the plan's bodies)
+        assert set(ex._variants) == {(False, 0, ex.bodies), (True, 0, ex.bodies)}
         ex.run({0: x}, [0])
         assert ex.last_trace_events is None
 

@@ -70,12 +70,14 @@ static_assert(MK_GEMM_BK * MK_GEMM_TILE * 4 == MK_PAGE_BYTES, "a k tile of A or 
 
 __device__ __forceinline__ bool mk_gemm_check(const mk_instr& in)
 {
+    /* a path this build lacks (instr.h, enum mk_bodies) fails the check */
     if (in.flags & MK_FLAG_WGMMA)
-        return !(in.flags & MK_FLAG_STREAM) && in.pages >= MK_WGMMA_PAGES &&
-               mk_gemm_wgmma_check(in);
+        return MK_BUILT(MK_BODY_GEMM_WGMMA) && !(in.flags & MK_FLAG_STREAM) &&
+               in.pages >= MK_WGMMA_PAGES && mk_gemm_wgmma_check(in);
     if (in.flags & MK_FLAG_STREAM)
-        return mk_gemm_stream_check(in);
-    return in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 && in.k0 >= 0 && in.rows >= 0 &&
+        return MK_BUILT(MK_BODY_GEMM_STREAM) && mk_gemm_stream_check(in);
+    return MK_BUILT(MK_BODY_GEMM_TILED) && in.row0 >= 0 && in.col0 >= 0 && in.out_row0 >= 0 &&
+           in.k0 >= 0 && in.rows >= 0 &&
            in.cols >= 0 && in.klen >= 0 && in.rows <= MK_GEMM_TILE && in.cols <= MK_GEMM_TILE &&
            mk_epilogue_check(in);
 }
@@ -290,15 +292,21 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 {
     if (in.rows <= 0 || in.cols <= 0)
         return;
+    /* (each path is called only where the build holds it: instr.h, enum mk_bodies) */
     if (in.flags & MK_FLAG_WGMMA) {
 #if !MK_WGMMA_ONLY
-        mk_gemm_wgmma(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+        if (MK_BUILT(MK_BODY_GEMM_WGMMA))
+            mk_gemm_wgmma(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
 #endif
     }
-    else if (in.flags & MK_FLAG_STREAM)
-        mk_gemm_stream(in, op, pages.base, pages.idx,
-                       pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),
-                       pages.released);
+    else if (in.flags & MK_FLAG_STREAM) {
+        if (MK_BUILT(MK_BODY_GEMM_STREAM))
+            mk_gemm_stream(in, op, pages.base, pages.idx,
+                           pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),
+                           pages.released);
+    }
+    else if (!MK_BUILT(MK_BODY_GEMM_TILED))
+        return;
     else if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
         mk_gemm_bf16(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
     else
@@ -310,9 +318,9 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
     if (in.flags & MK_FLAG_WGMMA)
-        return mk_gemm_wgmma_preload_stages(in, op);
-    if (in.rows <= 0 || in.cols <= 0 || op[MK_ARG_A].dtype != MK_DTYPE_BF16 ||
-        (in.flags & MK_FLAG_STREAM))
+        return MK_BUILT(MK_BODY_GEMM_WGMMA) ? mk_gemm_wgmma_preload_stages(in, op) : 0u;
+    if (!MK_BUILT(MK_BODY_GEMM_TILED) || in.rows <= 0 || in.cols <= 0 ||
+        op[MK_ARG_A].dtype != MK_DTYPE_BF16 || (in.flags & MK_FLAG_STREAM))
         return 0;   /* a streamed GEMM's B comes through the ring; the op stages A itself */
     return mk_gemm_bf16_preload_stages(in, op);
 }
@@ -322,9 +330,11 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, con
 __device__ __forceinline__ void mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
                                                 const mk_pages& pages, mk_u32 lane, mk_u32 parts)
 {
-    if (!(in.flags & MK_FLAG_WGMMA))
-        mk_gemm_bf16_preload(in, op, pages, lane, parts);
-    else if (parts & MK_PRELOAD_REST)
+    if (!(in.flags & MK_FLAG_WGMMA)) {
+        if (MK_BUILT(MK_BODY_GEMM_TILED))
+            mk_gemm_bf16_preload(in, op, pages, lane, parts);
+    }
+    else if (MK_BUILT(MK_BODY_GEMM_WGMMA) && (parts & MK_PRELOAD_REST))
         mk_gemm_wgmma_preload(in, pages, lane);
 }
 
@@ -334,7 +344,7 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload_late(const mk_instr& in, const
 {
     (void)op;
     mk_u32 error = MK_OK;
-    if ((in.flags & MK_FLAG_WGMMA) && lane == 0)
+    if (MK_BUILT(MK_BODY_GEMM_WGMMA) && (in.flags & MK_FLAG_WGMMA) && lane == 0)
         error = mk_gemm_wgmma_produce(in, pages.base, pages.idx);
     return __shfl_sync(0xffffffffu, error, 0);
 }

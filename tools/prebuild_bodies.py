@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Fill the compile cache with the megakernel builds the GPU tier will ask for, in parallel.
+
+Each program runs a build of its own op bodies (instr.h, MK_BODIES; runtime/executor.py), so
+the GPU tier asks for one build per distinct body set among its programs (~100), one at a
+time, each 1-10 s of NVRTC on one core. This tool finds those sets first: it runs the tier's
+tests (pytest -m gpu) with megak.compile lowering every cuda program as the simulator would
+(same lowering, n_sm=132, the H200's) and skipping the test once the program's bodies are
+recorded, and with CudaExecutor skipping any test that builds one directly, so nothing runs
+on a GPU. Then it compiles every set, and the build of every body (the resident kernel's),
+in --jobs processes into the cache the tier reads (XDG_CACHE_HOME / MEGAK_CACHE_DIR). A set
+it misses (a traced build, a program made another way) is compiled by the tier as before.
+
+    python tools/prebuild_bodies.py [--jobs 15] [--list] [pytest paths...]
+"""
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import megak                        # noqa: E402  (after the path)
+from megak import ops               # noqa: E402
+from megak.runtime import compiler  # noqa: E402
+
+N_SM = 132   # the H200's SMs: the lowering (split-K, bands) depends on it
+
+
+class Recorder:
+    """A pytest plugin: records each cuda program's bodies and skips its test."""
+
+    def __init__(self):
+        self.bodies: dict[int, int] = {}
+
+    def pytest_configure(self, config):
+        from megak.runtime import driver, executor
+        compile_ = megak.compile
+        recorder = self
+
+        def recording_compile(graph, backend="sim", **options):
+            if backend != "cuda":
+                return compile_(graph, backend=backend, **options)
+            kept = {k: v for k, v in options.items() if k == "n_pages"}
+            plan = compile_(graph, backend="sim", n_sm=N_SM, **kept).plan
+            mask = ops.bodies(plan.instrs)
+            recorder.bodies[mask] = recorder.bodies.get(mask, 0) + 1
+            pytest.skip("bodies recorded")
+
+        def no_executor(*args, **kwargs):
+            pytest.skip("no executor while recording")
+
+        megak.compile = recording_compile
+        executor.CudaExecutor.__init__ = no_executor
+        driver.gpu_usable = lambda: True    # the gpu tests are collected without a GPU too
+
+
+def build(defines):
+    t0 = time.monotonic()
+    k = compiler.compile_megakernel("sm_90a", defines=defines)
+    return defines, time.monotonic() - t0, k.from_cache
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--list", action="store_true", help="print the sets, compile nothing")
+    ap.add_argument("paths", nargs="*",
+                    default=[str(ROOT / "tests"), str(ROOT / "benchmarks/test_gpu_benchmarks.py")])
+    args = ap.parse_args()
+    rec = Recorder()
+    pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--benchmark-disable",
+                 "--no-header", "-o", "console_output_style=classic", *args.paths],
+                plugins=[rec])
+    sets = sorted(rec.bodies, key=lambda m: -rec.bodies[m])
+    print(f"prebuild_bodies: {len(sets)} body sets over {sum(rec.bodies.values())} programs",
+          flush=True)
+    if args.list:
+        for m in sets:
+            print(f"  {m:#x}: {rec.bodies[m]} programs")
+        return
+    # the build of every body first: the longest
+    todo = [None] + [compiler.bodies_defines(m) for m in sets]
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        done = list(pool.map(build, todo))
+    fresh = [d for d in done if not d[2]]
+    print(f"prebuild_bodies: {len(done)} builds ({len(fresh)} compiled, "
+          f"{sum(d[1] for d in fresh):.0f} s of NVRTC) in {time.monotonic() - t0:.0f} s "
+          f"with {args.jobs} jobs", flush=True)
+
+
+if __name__ == "__main__":
+    main()
