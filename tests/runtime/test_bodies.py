@@ -97,7 +97,7 @@ def test_each_program_runs_a_build_of_its_own_bodies(rng):
                 out = prog.run(**inputs)
                 env = evaluate(g, inputs)
                 for name, t in g.outputs.items():
-                    assert_close(out[name], *env[t.index], f"{make.__name__} {name}")
+                    assert_close(out[name], *env[t.index], f"{make.__name__} {name}", t.dtype)
 
 
 @pytest.mark.gpu
@@ -118,4 +118,4 @@ def test_a_record_the_build_lacks_is_refused(rng):
         out = prog.run(**inputs)
         env = evaluate(g, inputs)
         for name, t in g.outputs.items():
-            assert_close(out[name], *env[t.index], f"after the refusals: {name}")
+            assert_close(out[name], *env[t.index], f"after the refusals: {name}", t.dtype)
