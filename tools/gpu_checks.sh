@@ -3,7 +3,7 @@
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
 #                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [achunks]
-#                       [ab]
+#                       [aregs] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -39,6 +39,8 @@
 #             beside a bulk-copy stream)                                  -> tailcode.log
 #   achunks   tools/probe_a_chunks.py: a warp's A chunk by cp.async, bulk copies or loads,
 #             idle and beside a bulk-copy stream                          -> achunks.log
+#   aregs     tools/probe_stream_stages.py, variants asbuilt Aregs on every case: the next
+#             stage's A chunk loaded into registers during this stage      -> aregs.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -66,7 +68,7 @@ pack_out() {
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
                  pageleak.log l2stream.log issuers.log epilogue.log tailcode.log \
-                 achunks.log ab.log ab.json; do
+                 achunks.log aregs.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -122,6 +124,7 @@ prebuild() {
     done
 }
 [[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
+[[ " ${steps[*]} " == *" aregs "* ]] && prebuild aregs asbuilt Aregs
 [[ " ${steps[*]} " == *" epilogue "* ]] &&
     prebuild epilogue asbuilt epiloop noepi -- --cases 4096x8-b16 1024x16-b16
 failed=()
@@ -206,6 +209,13 @@ while [ $i -lt ${#steps[@]} ]; do
             logged tailcode.log 100 python3 tools/probe_icache.py
             rc=$?
             ;;
+        aregs)
+            [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
+            timeout 300 python3 tools/probe_stream_stages.py --variant asbuilt Aregs \
+                > "$OUT/aregs.log" 2>&1
+            rc=$?
+            grep -v "per us" "$OUT/aregs.log" | tail -n 8 | cut -c1-400
+            ;;
         achunks)
             logged achunks.log 150 python3 tools/probe_a_chunks.py
             rc=$?
@@ -217,7 +227,7 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, achunks," \
+                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, achunks, aregs," \
                  "ab)"
             rc=2
             ;;

@@ -35,7 +35,9 @@ and stages, or instructions) of
 Variants are text replacements of the device source (VARIANTS: `capF`, the streamer keeps
 at most F copies in flight; `flagcombine`, a band's parts meet through stamped partials
 instead of the combine counter (see _COMBINE_FLAGGED); `noA`, no A staging: the MMAs read
-stale A; `Arot`, A's k slices in an order rotated by the SM; `nodeps`, no dependency wait before a
+stale A; `Arot`, A's k slices in an order rotated by the SM; `Aregs`, the warp's next
+stage's A chunk loaded into registers during this stage (stored at the next stage's
+start); `nodeps`, no dependency wait before a
 streamed instruction; `nofence`, no release fence; `relfirst`, the signal's pages handed back
 before its fence; `nohold`, the streamer ignores the hold; `holdnarrow`, only a
 narrow band holds it; all but `cap`, `flagcombine`, `relfirst`, `nohold` and
@@ -155,6 +157,82 @@ _NO_A = [("""        if (live)
 # DRAM. Against "asbuilt", whether A's cost is the hot spot of every SM reading one line.
 _A_ROTATED = [("STAGE_K * s + kb, a_vec);",
                "STAGE_K * ((s + (int)blockIdx.x) % nst) + kb, a_vec);")]
+
+# A's chunk of the warp's next stage loaded into registers (8 x 16 B per lane, through L2:
+# ld.global.cg, as cp.async reads) while the warp waits for this stage's page and runs its
+# MMAs, and stored into the chunk buffer at the next stage's start: the A latency beside the
+# stream (2.6-3.0 us, tools/probe_a_chunks.py) paid once per instruction instead of per stage.
+# Correct results (the vector path; an unaligned A keeps cp.async's scalar fallback).
+_A_REGS_HELPER = """/* (probe Aregs) a unit at an edge (n < 8 halves): one copy of its code, called */
+__device__ __noinline__ uint4 mkp_ld_partial(const mk_u16* src, int n)
+{
+    return n > 0 ? mk_ld_u16x8(src, n) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* (probe Aregs) this lane's 8 units of a stage's A chunk (rows [0, 16 mts), k [kk, kk +
+ * kc)), zeros past rows and klen, as mk_stream_chunk_a lays them out */
+__device__ __forceinline__ void mkp_chunk_load(uint4 (&v)[8], const mk_u16* ga, mk_u32 lda,
+                                               int rows, int mts, int klen, int kk)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+    const int shift = mts == 1 ? 4 : 3;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i = lane + 32 * j, r = i >> shift, u = i & ((1 << shift) - 1);
+        const int k = kk + 8 * u;
+        const int n = r < rows ? (klen - k < 8 ? (klen - k > 0 ? klen - k : 0) : 8) : 0;
+        const mk_u16* src = ga + (mk_u64)r * lda + k;
+        if (n == 8)
+            asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w) : "l"(src));
+        else
+            v[j] = mkp_ld_partial(src, n);
+    }
+}
+
+__device__ __forceinline__ void mkp_chunk_store(mk_u32 buf, const uint4 (&v)[8], int mts)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+    const int shift = mts == 1 ? 4 : 3;
+    const int pitch = 32 << (shift - 1);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int i = lane + 32 * j, r = i >> shift, u = i & ((1 << shift) - 1);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                     : : "r"(mk_stream_chunk_at(buf, r, u, pitch)), "r"(v[j].x), "r"(v[j].y),
+                       "r"(v[j].z), "r"(v[j].w) : "memory");
+    }
+}
+
+template <int MTS, bool NARROW = false>
+__device__ __forceinline__ void mk_stream_kloop_ring("""
+_A_REGS = [
+    ("template <int MTS, bool NARROW = false>\n__device__ __forceinline__ void mk_stream_kloop_ring(",
+     _A_REGS_HELPER),
+    ("""#pragma unroll 1
+    for (int s = warp % step; s < nst; s += step) {
+        const mk_u32 pos = pages.stream_pos + (mk_u32)s;""",
+     """    uint4 mkp_a[8];
+    if (a_vec && warp % step < nst &&
+        (!NARROW || box_at == 0u || mk_stream_second_box(in, (mk_u32)(warp % step))))
+        mkp_chunk_load(mkp_a, ga, TA.ld, in.rows, MTS, in.klen, STAGE_K * (warp % step) + kb);
+#pragma unroll 1
+    for (int s = warp % step; s < nst; s += step) {
+        const mk_u32 pos = pages.stream_pos + (mk_u32)s;"""),
+    ("""        if (live)
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                              STAGE_K * s + kb, a_vec);
+        mk_cp_async_commit();""",
+     """        if (live && a_vec) {
+            mkp_chunk_store(buf, mkp_a, MTS);
+            const int sn = s + step;
+            if (sn < nst && (!NARROW || box_at == 0u || mk_stream_second_box(in, (mk_u32)sn)))
+                mkp_chunk_load(mkp_a, ga, TA.ld, in.rows, MTS, in.klen, STAGE_K * sn + kb);
+        } else if (live)
+            mk_stream_chunk_a(buf, ga, TA.ld, in.rows, MTS, in.klen,
+                              STAGE_K * s + kb, a_vec);
+        mk_cp_async_commit();"""),
+]
 
 # No dependency wait before a streamed instruction (the loader skips its counter waits): each
 # SM runs its chain of instructions back to back, as if every layer's activation were there.
@@ -520,7 +598,7 @@ _EPI_LOOP = [_epilogue_loop(c) for c in _EPILOGUE_CALLS]
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
-            "Arot": _A_ROTATED, "Arot-cap4": _A_ROTATED + cap(4),
+            "Arot": _A_ROTATED, "Aregs": _A_REGS, "Arot-cap4": _A_ROTATED + cap(4),
             "nodeps": _NO_DEPS, "relfirst": _RELEASE_FIRST, "nofence": _NO_FENCE,
             "nodeps-nofence": _NO_DEPS + _NO_FENCE,
             "nohold": _NO_HOLD, "holdnarrow": _HOLD_NARROW,
@@ -671,7 +749,7 @@ def compile_parts(g, hidden, parts):
 
 def module_global(prog, name: bytes):
     """(driver bindings, device address) of the __device__ variable `name` in the module of
-    prog's megakernel (its resident entry shares the module)."""
+    prog's megakernel (its plain build)."""
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
     drv = _bindings()
