@@ -39,8 +39,9 @@
 #             beside a bulk-copy stream)                                  -> tailcode.log
 #   achunks   tools/probe_a_chunks.py: a warp's A chunk by cp.async, bulk copies or loads,
 #             idle and beside a bulk-copy stream                          -> achunks.log
-#   aregs     tools/probe_stream_stages.py, variants asbuilt Aregs on every case: the next
-#             stage's A chunk loaded into registers during this stage      -> aregs.log
+#   aregs     tools/probe_stream_stages.py, variants asbuilt Aregs holdA Aregs-holdA on every
+#             case: the next stage's A chunk loaded into registers during this stage; the
+#             hold kept until the next layer's first A chunk landed        -> aregs.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -124,7 +125,7 @@ prebuild() {
     done
 }
 [[ " ${steps[*]} " == *" probes "* ]] && prebuild probes asbuilt cap2 cap4 cap6 noA Arot
-[[ " ${steps[*]} " == *" aregs "* ]] && prebuild aregs asbuilt Aregs
+[[ " ${steps[*]} " == *" aregs "* ]] && prebuild aregs asbuilt Aregs holdA Aregs-holdA
 [[ " ${steps[*]} " == *" epilogue "* ]] &&
     prebuild epilogue asbuilt epiloop noepi -- --cases 4096x8-b16 1024x16-b16
 failed=()
@@ -211,10 +212,10 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         aregs)
             [ ${#prebuilds[@]} -gt 0 ] && wait "${prebuilds[@]}"
-            timeout 300 python3 tools/probe_stream_stages.py --variant asbuilt Aregs \
-                > "$OUT/aregs.log" 2>&1
+            timeout 400 python3 tools/probe_stream_stages.py --variant asbuilt Aregs holdA \
+                Aregs-holdA > "$OUT/aregs.log" 2>&1
             rc=$?
-            grep -v "per us" "$OUT/aregs.log" | tail -n 8 | cut -c1-400
+            grep -v "per us" "$OUT/aregs.log" | tail -n 16 | cut -c1-300
             ;;
         achunks)
             logged achunks.log 150 python3 tools/probe_a_chunks.py
