@@ -10,6 +10,8 @@ import megak
 from megak import abi, ops
 from megak.errors import MegakernelError
 from tests.reference import assert_close, evaluate, random_inputs
+# fp32 GEMM tiles, a transpose and a copy
+from tests.runtime.test_cuda_runtime import _mixed_graph
 
 GEMM = abi.OPCODE_OF["gemm"]
 
@@ -20,17 +22,6 @@ def _records(*rows):
     for i, (opcode, flags) in enumerate(rows):
         recs[i]["opcode"], recs[i]["flags"] = opcode, flags
     return recs
-
-
-def _mixed_graph():
-    """fp32 GEMM tiles, a transpose and a copy (the three ops of tests/runtime's mixed graph)."""
-    g = megak.Graph()
-    a = g.input("a", (130, 72), "float32")
-    b = g.input("b", (72, 66), "float32")
-    c = g.gemm(a, b)
-    g.output(g.copy(g.transpose(c)), "y")
-    g.output(c, "c")
-    return g
 
 
 def _stream_graph():
