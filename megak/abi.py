@@ -151,8 +151,9 @@ def ready_offset(n: int) -> int:
 
 
 def table_bytes(n: int) -> int:
-    """Bytes of a whole tensor table of n entries: entries, padding, maps, ready flags."""
-    return ready_offset(n) + 4 * n
+    """Bytes of a whole tensor table of n entries: entries, padding, maps, ready flags; at
+    least MK_TABLE_HEAD entries' worth, which a launched block copies at its entry."""
+    return max(ready_offset(n) + 4 * n, LIMITS["MK_TABLE_HEAD"] * TENSOR_DTYPE.itemsize)
 
 
 def empty_instrs(n: int) -> np.ndarray:

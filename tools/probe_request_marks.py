@@ -80,8 +80,11 @@ def patch(src):
     # launched entry
     rep('    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n',
         '    if (tid == 0 && sm == 0) MKP(14, ticket);\n    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n')
-    rep('    if (__syncthreads_or(stop)) {\n        if (tid == 0)\n            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);\n        return;\n    }\n',
-        '    if (__syncthreads_or(stop)) {\n        if (tid == 0)\n            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);\n        return;\n    }\n    if (tid == 0 && sm == 0) MKP(15, ticket);\n')
+    stop_exit = ('    if (__syncthreads_or(stop)) {\n        if (loader)\n'
+                 '            mk_cp_async_wait_all();   /* no copy may land after the block is gone */\n'
+                 '        if (tid == 0)\n            mk_finish_invocation(ctl.params, ticket, nullptr, 0u);\n'
+                 '        return;\n    }\n')
+    rep(stop_exit, stop_exit + '    if (tid == 0 && sm == 0) MKP(15, ticket);\n')
     return src_[0]
 
 
@@ -94,12 +97,15 @@ NAMES = {0: "relay: entry taken", 1: "relay: previous closed", 2: "go published"
          19: "loader: stages, pages", 20: "loader: waits done"}
 
 
-def marks_of(ex):
+def marks_of(ex, func=None):
+    """The marks of the program's launched build, or of the module holding `func` (the
+    resident kernel runs a build of its own: MK_RESIDENT)."""
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
     drv = _bindings()
-    _, code, _, _ = ex._variant(False)
-    _, func = kernel_handles(code.get_kernel("megakernel"))
+    if func is None:
+        _, code, _, _ = ex._variant(False)
+        _, func = kernel_handles(code.get_kernel("megakernel"))
     _, mod = drv.cuFuncGetModule(func)
     err, dptr, _ = drv.cuModuleGetGlobal(mod, b"mk_probe_marks")
     assert int(err) == 0, err
@@ -109,8 +115,8 @@ def marks_of(ex):
     return host.reshape(64, 32).astype(np.int64), (drv, dptr)
 
 
-def clear(ex):
-    m, (drv, dptr) = marks_of(ex)
+def clear(ex, func=None):
+    m, (drv, dptr) = marks_of(ex, func)
     drv.cuMemsetD8(dptr, 0, 64 * 32 * 8)
     drv.cuCtxSynchronize()
 
@@ -167,7 +173,7 @@ def main():
             k = r._kernel
             r.submit(prog, out=outs, x=x).wait()
             call, params, table, _ = prog._prepare_request({"x": x}, outs)
-            clear(ex)
+            clear(ex, k._func)
             def post_spin():
                 tk = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
                 k.post(params, table, tk, time.monotonic() + 10)
@@ -175,8 +181,7 @@ def main():
                     pass
             t = med(post_spin, 64)
             order = [0, 1, 2, 3, 4, 5, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12, 13] if name == "copy" else [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13]
-            # marks need the kernel's module: same cubin as the launched one
-            m, _ = marks_of(ex)
+            m, _ = marks_of(ex, k._func)
             report(f"{name}: resident post+spin", m, order, t)
             t2 = med(lambda: r.submit(prog, out=outs, x=x).wait(), 200)
             print(f"  submit+wait from Python: {t2:.2f} us")

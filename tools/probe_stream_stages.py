@@ -500,7 +500,7 @@ _L2PF_FN = """__device__ __noinline__ void mkv_l2pf(const mk_instr* queue, mk_u3
 }
 
 """
-_LOADER_BRANCH = "        if (warp == MK_LOADER_WARP)\n            mk_loader(queue, ctl.n, lane);\n"
+_LOADER_BRANCH = "        if (loader)\n            mk_loader(queue, ctl.n, lane, true);\n"
 
 
 def l2_prefetch(a, hint=""):

@@ -41,7 +41,10 @@ enum mk_limits {
     MK_THREADS = 256,          /* compute threads: what every op runs on (warps 0-7) */
     MK_BLOCK_THREADS = 384,    /* megakernel block: the compute warps + one warpgroup whose first
                                   warp is the loader (setmaxnreg moves registers per warpgroup) */
-    MK_TENSOR_ALIGN_BYTES = 16 /* rows of megak-owned buffers start 16-B aligned (ld padded) */
+    MK_TENSOR_ALIGN_BYTES = 16, /* rows of megak-owned buffers start 16-B aligned (ld padded) */
+    MK_TABLE_HEAD = 40         /* tensor table entries a launched block's loader copies to shared
+                                  memory at entry (megakernel.cu); every table the host makes
+                                  is at least this long (abi.table_bytes) */
 };
 
 /* Tile shapes, stage sizes and page needs of each op: lowering, page plans (Python) and the

@@ -231,18 +231,39 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
 }
 
 /* Loader warp: copy the operand descriptors of slot s's record from the tensor table
- * (lane = 3 * operand + 8-byte part; mk_tensor is 24 bytes). Commits one group per lane. */
+ * (lane = 3 * operand + 8-byte part; mk_tensor is 24 bytes): from the table's head in shared
+ * memory where it holds the entry (the first head_n), else from global memory. Commits one
+ * group per lane. */
 __device__ __forceinline__ void mk_fetch_operands(mk_slot& s, const mk_tensor* tensors,
-                                                  mk_u32 n_tensors, mk_u32 lane)
+                                                  mk_u32 n_tensors, const mk_tensor* head,
+                                                  mk_u32 head_n, mk_u32 lane)
 {
     const mk_u32 operand = lane / 3u, part = lane % 3u;
     if (operand < MK_MAX_TENSORS) {
         const mk_u32 used = s.ins.opcode < MK_OP_COUNT ? mk_op_operands(s.ins.opcode) : 0u;
         const mk_u32 slot = s.ins.tensor[operand];
-        if (((used >> operand) & 1u) && slot < n_tensors)
-            mk_cp_async_8(reinterpret_cast<mk_u64*>(&s.operand[operand]) + part,
-                          reinterpret_cast<const mk_u64*>(&tensors[slot]) + part);
+        mk_u64* to = reinterpret_cast<mk_u64*>(&s.operand[operand]) + part;
+        if (((used >> operand) & 1u) && slot < n_tensors) {
+            if (slot < head_n)
+                *to = reinterpret_cast<const mk_u64*>(&head[slot])[part];
+            else
+                mk_cp_async_8(to, reinterpret_cast<const mk_u64*>(&tensors[slot]) + part);
+        }
     }
+    mk_cp_async_commit();
+}
+
+/* Loader warp, at a launch's entry: start copying the first MK_TABLE_HEAD entries of the
+ * tensor table into ctl.table_head (16-B pieces: the table is 128-B aligned and at least that
+ * long, instr.h). Commits one group. */
+__device__ __forceinline__ void mk_fetch_table_head(const mk_tensor* tensors, mk_u32 lane)
+{
+    constexpr mk_u32 pieces = MK_TABLE_HEAD * sizeof(mk_tensor) / 16u;
+    static_assert(MK_TABLE_HEAD * sizeof(mk_tensor) % 16u == 0, "whole 16-B pieces");
+    unsigned char* to = reinterpret_cast<unsigned char*>(mk_ctl().table_head);
+    const unsigned char* from = reinterpret_cast<const unsigned char*>(tensors);
+    for (mk_u32 i = lane; i < pieces; i += 32u)
+        mk_cp_async_16(to + 16u * i, from + 16u * i);
     mk_cp_async_commit();
 }
 
@@ -529,7 +550,10 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
  *
  * An error stops the loader after L7 with slot.stop set: the compute warps finish what they
  * run, read the flag and leave. Lane 0 has written sm_state (and status) through mk_stop. */
-__device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 lane)
+/* first_fetched: record 0 and the table's head were requested at the launch's entry (their
+ * cp.async groups are this lane's oldest); else (the resident kernel) head_n is 0. */
+__device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 lane,
+                                       bool first_fetched)
 {
     /* 56 registers: everything with a fixed shared address is recomputed rather than kept,
      * and the error details live in shared memory (lane 0 only) */
@@ -548,11 +572,12 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
         error = __shfl_sync(0xffffffffu, error, 0);
         /* L2 */
         if (error == MK_OK) {
-            mk_fetch_record(s, queue + q, lane);
+            if (q > 0 || !first_fetched)
+                mk_fetch_record(s, queue + q, lane);
             mk_cp_async_wait_all();
-            __syncwarp();
+            __syncwarp();   /* every lane's copies (record, and the head) seen by the warp */
             mk_fetch_operands(s, reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors,
-                              lane);
+                              ctl.table_head, ctl.head_n, lane);
             mk_cp_async_wait_all();
             __syncwarp();
         }
@@ -960,6 +985,7 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
     mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
     ctl.stream_error = 0;
     ctl.op_stop.error = MK_OK;
+    ctl.head_n = 0;   /* no table head (a launch's entry sets it: megakernel) */
     const unsigned char* page_array = mk_page_array(mk_smem);
     const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
     mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
@@ -1024,6 +1050,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
      * exists; the check below stays for a grid that disagrees. */
     const mk_u32 n_sm = params->n_sm;
     const mk_u32 q_begin = queue_start[sm], q_end = queue_start[sm + 1];
+    const bool loader = warp == MK_LOADER_WARP;
+    const mk_u64 instrs = loader ? params->instrs : 0ull;   /* in flight with the rest */
     uint2 run = make_uint2(0u, 0u);
     if (tid == 0) {
         ctl.params = *params;
@@ -1034,6 +1062,17 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     if (!mk_block_active(sm, n_sm, q_begin, q_end))
         return;   /* an empty queue: this block takes no part in the invocation */
 
+    /* The loader warp requests its first record and the head of the tensor table now, beside
+     * thread 0's set-up, so that their round trip overlaps the set-up instead of following it
+     * and the first record's operands need none of their own (mk_loader waits for both
+     * groups: first_fetched). The set-up writes neither slot 0's record nor the head. */
+    if (loader) {
+        mk_fetch_record(ctl.slot[0],
+                        q_end > q_begin ? reinterpret_cast<const mk_instr*>(instrs) + q_begin
+                                        : nullptr, lane);
+        mk_fetch_table_head(tensors, lane);
+    }
+
     /* 0. Set up. The stop decision travels by __syncthreads_or (the last use of barrier 0:
      * warps leave after it). */
     int stop = 0;
@@ -1043,8 +1082,11 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         ctl.wgmma_held = 0;    /* MK_WGMMA_ONLY's chained ring starts empty, at position 0 */
         ctl.wgmma_pos = 0;
         stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
+        ctl.head_n = MK_TABLE_HEAD;   /* this launch's table (instr.h: never shorter) */
     }
     if (__syncthreads_or(stop)) {
+        if (loader)
+            mk_cp_async_wait_all();   /* no copy may land after the block is gone */
         if (tid == 0)
             mk_finish_invocation(ctl.params, ticket, nullptr, 0u);
         return;
@@ -1052,8 +1094,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     if (warp >= MK_THREADS / 32) {
         MK_LOADER_SETMAXNREG();
         const mk_instr* queue = reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin;
-        if (warp == MK_LOADER_WARP)
-            mk_loader(queue, ctl.n, lane);
+        if (loader)
+            mk_loader(queue, ctl.n, lane, true);
         else if (warp == MK_STREAMER_WARP)
             mk_streamer(queue, ctl.n, lane);
         else
@@ -1317,7 +1359,7 @@ __device__ __forceinline__ void mk_serve(const mk_resident_args& a, mk_u32 tid, 
             const mk_instr* queue =
                 reinterpret_cast<const mk_instr*>(ctl.params.instrs) + ctl.q_begin;
             if (ROLE == MK_ROLE_LOADER)
-                mk_loader(queue, ctl.n, lane);
+                mk_loader(queue, ctl.n, lane, false);
             else if (ROLE == MK_ROLE_STREAMER)
                 mk_streamer(queue, ctl.n, lane);
             else

@@ -34,15 +34,19 @@ def test_constants_come_from_the_header():
     assert abi.TENSOR_DTYPE.itemsize == 24
 
 
+HEAD = 40 * 24   # MK_TABLE_HEAD entries: the least a table holds (a launch copies them)
+
+
 @pytest.mark.parametrize("n, tmap, total", [
-    (0, 0, 0),
-    (1, 128, 128 + 128 + 4),
-    (5, 128, 128 + 5 * 132),            # 120 B of entries fit below 128
+    (0, 0, HEAD),
+    (1, 128, HEAD),                     # 128 + 128 + 4 is shorter than the head
+    (5, 128, HEAD),                     # 120 B of entries fit below 128; 788 B in all
     (6, 256, 256 + 6 * 132),            # 144 B do not
     (16, 384, 384 + 16 * 132),
     (64, 1536, 1536 + 64 * 132),        # 1536 = 24 * 64 exactly: no padding
 ])
 def test_layout(n, tmap, total):
+    assert abi.LIMITS["MK_TABLE_HEAD"] * abi.TENSOR_DTYPE.itemsize == HEAD
     assert abi.tmap_offset(n) == tmap
     assert abi.ready_offset(n) == tmap + 128 * n
     assert abi.table_bytes(n) == total
