@@ -237,6 +237,25 @@ def test_mixed_graph_matches_float64(rng, managed):
 
 
 @pytest.mark.gpu
+def test_operands_on_both_sides_of_the_table_head(rng):
+    """A launched block reads the first MK_TABLE_HEAD descriptors from its shared copy of the
+    table's head and the rest from global memory: a chain of adds over 60 inputs has
+    operands on both sides (and records that mix them), each output checked, twice."""
+    head = abi.LIMITS["MK_TABLE_HEAD"]
+    g = megak.Graph()
+    h = g.input("x0", (8, 48))
+    for i in range(1, 60):
+        h = g.add(h, g.input(f"x{i}", (8, 48)))
+        if i % 20 == 0:
+            g.output(h, f"y{i}")
+    g.output(h, "y")
+    with megak.compile(g, backend="cuda", debug=True) as prog:
+        assert len(prog.plan.tensors) > head + 10
+        for _ in range(2):
+            _check(prog, g, rng)
+
+
+@pytest.mark.gpu
 def test_planted_hang_in_a_real_graph_then_recovery(rng):
     g = _mixed_graph()
     prog = megak.compile(g, backend="cuda", debug=True)
