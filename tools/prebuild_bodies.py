@@ -17,6 +17,7 @@ bodies, a program made another way) is compiled by the tier as before.
     python tools/prebuild_bodies.py [--jobs 15] [--list] [pytest paths...]
 """
 import argparse
+import multiprocessing
 import os
 import sys
 import time
@@ -91,7 +92,9 @@ def main():
     # the build of every body first: the longest
     todo = [None] + [compiler.bodies_defines(m) for m in sets]
     t0 = time.monotonic()
-    with ProcessPoolExecutor(args.jobs) as pool:
+    # spawned, not forked: the recording left CUDA half-initialised in this process (a test's
+    # torch call found no device), and a forked child of that dies at its first compile
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         done = list(pool.map(build, todo))
     fresh = [d for d in done if not d[2]]
     print(f"prebuild_bodies: {len(done)} builds ({len(fresh)} compiled, "
