@@ -1112,9 +1112,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
 }
 
 /* (the MK_WGMMA_ONLY variant holds the entry megakernel only, pages.cuh; a build of some
- * bodies, instr.h's MK_BODIES, holds the resident kernel only with MK_RESIDENT: a launched
- * program's build need not compile a second copy of the interpreter) */
-#if !MK_WGMMA_ONLY && defined(MK_RESIDENT)
+ * bodies, instr.h's MK_BODIES, no resident kernel: that one serves any program) */
+#if !MK_WGMMA_ONLY && MK_EVERY_BODY
 
 /* ---- the resident kernel -------------------------------------------------------------------
  *
@@ -1409,7 +1408,7 @@ megakernel_resident(const mk_resident_args a)
     }
 }
 
-#endif /* !MK_WGMMA_ONLY && MK_RESIDENT */
+#endif /* !MK_WGMMA_ONLY && MK_EVERY_BODY */
 
 #if !MK_WGMMA_ONLY
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record
