@@ -99,7 +99,8 @@ class Resident:
 
     def add(self, prog: Program) -> None:
         """Serve ``prog`` too (allowed while the kernel runs: its queues were uploaded when it
-        was compiled, by copies that run beside the kernel)."""
+        was compiled). Compile it before the kernel is resident where possible: its module's
+        load seems to wait for the kernel to leave (README, "Calling megak in a loop")."""
         with self._lock:
             self._check_open()
             self._check_program(prog)

@@ -135,7 +135,8 @@ def test_a_program_added_while_it_runs(rng):
         torch.cuda.synchronize()
         with megak.resident(a, idle_s=30) as r:
             r.submit(a, out={"y": ca.y}, **ca.inputs).wait()
-            # compiled, its queues uploaded and its module loaded beside the running kernel
+            # compiled while the kernel is resident: its queues uploaded by copies beside it;
+            # its module's load waits for the idle exit (30 s here: ANALYSIS 2026-12-03)
             gc_ = chain_graph(4, m=32, n=128)
             with megak.compile(gc_, backend="cuda") as c:
                 x = {n: rng.uniform(-1, 1, t.shape).astype(np.float32)
