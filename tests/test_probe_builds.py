@@ -27,6 +27,8 @@ PROBES = [
     ("probe_icache.py", "icache"),
     # what a warp's A chunk costs beside the weight stream, fetched three ways
     ("probe_a_chunks.py", "a_chunks"),
+    # whether loading a module waits for a kernel that holds every SM
+    ("probe_module_load.py", "spin"),
 ]
 
 

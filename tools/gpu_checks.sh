@@ -3,7 +3,7 @@
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
 #                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [achunks]
-#                       [aregs] [ab]
+#                       [aregs] [modload] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -42,6 +42,8 @@
 #   aregs     tools/probe_stream_stages.py, variants asbuilt Aregs holdA Aregs-holdA on every
 #             case: the next stage's A chunk loaded into registers during this stage; the
 #             hold kept until the next layer's first A chunk landed        -> aregs.log
+#   modload   tools/probe_module_load.py: whether a module's load waits for a kernel that
+#             holds every SM, with lazy and eager module loading          -> modload.log
 #   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
 #             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
 #
@@ -69,7 +71,7 @@ pack_out() {
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
                  pageleak.log l2stream.log issuers.log epilogue.log tailcode.log \
-                 achunks.log aregs.log ab.log ab.json; do
+                 achunks.log aregs.log modload.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -221,6 +223,10 @@ while [ $i -lt ${#steps[@]} ]; do
             logged achunks.log 150 python3 tools/probe_a_chunks.py
             rc=$?
             ;;
+        modload)
+            logged modload.log 120 python3 tools/probe_module_load.py
+            rc=$?
+            ;;
         ab)
             logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
             rc=$?
@@ -229,7 +235,7 @@ while [ $i -lt ${#steps[@]} ]; do
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
                  "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, achunks, aregs," \
-                 "ab)"
+                 "modload, ab)"
             rc=2
             ;;
     esac
