@@ -77,7 +77,11 @@ class Resident:
             from .runtime.resident import ResidentKernel
             ex = first._executor
             wait_s = max(p._executor.host_timeout_s for p in programs)
-            self._kernel = ResidentKernel(ex, idle_s=idle_s, wait_s=wait_s, device=ex.ordinal)
+            bodies = 0
+            for p in programs:
+                bodies |= p._executor.bodies
+            self._kernel = ResidentKernel(ex, bodies, idle_s=idle_s, wait_s=wait_s,
+                                          device=ex.ordinal)
             self._finalizer = weakref.finalize(self, _close_quietly, self._kernel,
                                                self._close_limit())
         for prog in programs:
@@ -90,7 +94,8 @@ class Resident:
 
     @property
     def launches(self) -> int:
-        """Kernel launches so far (1 + one per relaunch after an idle exit); 0 on "sim"."""
+        """Kernel launches so far (1 + one per relaunch after an idle exit or for a wider
+        build); 0 on "sim"."""
         return self._kernel.launches if self._kernel is not None else 0
 
     @property
@@ -99,12 +104,22 @@ class Resident:
 
     def add(self, prog: Program) -> None:
         """Serve ``prog`` too (allowed while the kernel runs: its queues were uploaded when it
-        was compiled). Compile it before the kernel is resident where possible: its module's
-        load seems to wait for the kernel to leave (README, "Calling megak in a loop")."""
+        was compiled; compile it before the kernel is resident where possible: a module's load
+        seems to wait for the kernel to leave). The kernel runs a build of the op bodies of
+        the programs it serves: a program with others makes it compile a wider build while
+        it runs, then leave after the requests already submitted; the wider build is loaded
+        once it has left and launched for the next request."""
         with self._lock:
             self._check_open()
             self._check_program(prog)
+            self._widen(prog)
             self._register(prog)
+
+    def _widen(self, prog: Program) -> None:
+        """The kernel's build holds ``prog``'s op bodies (its records' now: reload_queues may
+        have changed them), widened if not."""
+        if self._kernel is not None and prog._executor.bodies & ~self._kernel.bodies:
+            self._kernel.widen(prog._executor.bodies, self._close_limit())
 
     def _check_program(self, prog: Program) -> None:
         if not isinstance(prog, Program):
@@ -179,6 +194,8 @@ class Resident:
             if self.backend != "cuda":
                 return self._submit_sim(prog, out, inputs)
             kernel = self._kernel
+            if kernel.stopped is None:
+                self._widen(prog)
             if kernel.stopped is not None:
                 raise MegakernelError(f"cuda: the resident kernel has stopped "
                                       f"({kernel.stopped[0]}); close it, then run the programs "

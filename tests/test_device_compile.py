@@ -111,6 +111,19 @@ def test_a_build_holds_its_bodies_only(kernel, cache_dir):
     assert sizes["megakernel"] < every["megakernel"] / 3
 
 
+def test_a_resident_build_holds_its_bodies_and_the_resident_kernel(kernel, cache_dir):
+    """MK_RESIDENT: the resident kernel of a copy program's bodies, without a GEMM."""
+    bodies = (1 << abi.OP_NOP) | (1 << abi.OPCODE_OF["copy"])
+    k = compiler.compile_megakernel(ARCH, defines=compiler.bodies_defines(bodies, True),
+                                    cache_dir=cache_dir)
+    print(f"\nmegakernel (copy, resident): {_resources(k)}")
+    assert k.spill_bytes == 0 and k.registers <= MAX_REGISTERS, _resources(k)
+    names = " ".join(compiler.code_sizes(k.cubin))
+    assert "megakernel_resident" in names
+    assert "mk_gemm" not in names and "mk_transpose" not in names, names
+    assert len(k.cubin) < len(kernel.cubin) / 3
+
+
 def test_layout_asserts_compile(cache_dir):
     """cffi's view of instr.h (sizes, offsets, enum values) holds in NVRTC's view too."""
     src = compiler.resolve_includes(abi.layout_asserts(), compiler.DEVICE_DIR)

@@ -9,9 +9,10 @@ tests (pytest -m gpu) with megak.compile lowering every cuda program as the simu
 recorded, and with CudaExecutor skipping any test that builds one directly; the GPU is
 hidden from it (CUDA_VISIBLE_DEVICES), so a test that touches one before compiling fails at
 once instead of running (on the H200 that recording took 115 s with the GPU visible, 12 s
-here without one). Then it compiles every set, and the build of every body (the resident kernel's),
-in --jobs processes into the cache the tier reads (XDG_CACHE_HOME / MEGAK_CACHE_DIR). A set
-it misses (a traced build, a program made another way) is compiled by the tier as before.
+here without one). Then it compiles every set, and the build of every body (the device
+compile tests'), in --jobs processes into the cache the tier reads (XDG_CACHE_HOME /
+MEGAK_CACHE_DIR). A set it misses (a traced build, a resident kernel's build of its programs'
+bodies, a program made another way) is compiled by the tier as before.
 
     python tools/prebuild_bodies.py [--jobs 15] [--list] [pytest paths...]
 """

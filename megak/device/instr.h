@@ -187,19 +187,20 @@ enum mk_flags {
  * interpreter and what the program runs, not every op. Bit `opcode` for each opcode (NOP's
  * bit 0 is always built); a GEMM record also needs the bit of its path. A record of an op
  * the build lacks fails validation with MK_ERR_BAD_OPCODE, a GEMM record of a path it lacks
- * its record check (MK_ERR_BAD_DESCRIPTOR). Without MK_BODIES every body is built (the
- * resident kernel's build: it serves programs registered later). The runtime builds each
- * program's kernel with the bodies of its records (ops/<op>.py, OpDef.bodies). */
+ * its record check (MK_ERR_BAD_DESCRIPTOR). Without MK_BODIES every body is built. The
+ * runtime builds each program's kernel with the bodies of its records (ops/<op>.py,
+ * OpDef.bodies), and the resident kernel with those of the programs it serves (-DMK_RESIDENT:
+ * a build holds megakernel_resident only where asked, or with every body). */
 enum mk_bodies {
     MK_BODY_GEMM_TILED = 1 << 16,   /* fp32 and bf16 tiles (ops/gemm.cuh, gemm_bf16.cuh) */
     MK_BODY_GEMM_STREAM = 1 << 17,  /* MK_FLAG_STREAM (ops/gemm_stream.cuh) */
     MK_BODY_GEMM_WGMMA = 1 << 18    /* MK_FLAG_WGMMA (ops/gemm_wgmma.cuh) */
 };
-#ifdef MK_BODIES
-#define MK_EVERY_BODY 0
-#else
+#ifndef MK_BODIES
 #define MK_BODIES 0xffffffffu
-#define MK_EVERY_BODY 1   /* the one build with the resident kernel (megakernel.cu) */
+#ifndef MK_RESIDENT
+#define MK_RESIDENT 1
+#endif
 #endif
 /* whether this build holds the bodies `bits` (code under a false one is never compiled in) */
 #define MK_BUILT(bits) (((MK_BODIES) & (bits)) != 0u)

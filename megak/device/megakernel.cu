@@ -962,10 +962,12 @@ __device__ __forceinline__ void mk_join_roles()
 
 /* Thread 0: the block's set-up for one invocation of the program now in ctl.params, on
  * `tensors`, at `epoch` (the program's run state): its queue, a fresh page allocator and slot
- * barriers, and the check that the program's pages fit this launch's shared memory. False
- * (after mk_stop) when the block cannot run it. */
+ * barriers, and the check that the program's pages fit this launch's shared memory.
+ * `head_n`: how many of the table's entries the loader copied into ctl.table_head (a launch's
+ * entry: MK_TABLE_HEAD, instr.h, as no table is shorter; the resident kernel: 0). False (after
+ * mk_stop) when the block cannot run it. */
 __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 ticket,
-                                    mk_u32 q_begin, mk_u32 q_end)
+                                    mk_u32 q_begin, mk_u32 q_end, mk_u32 head_n)
 {
     mk_control& ctl = mk_ctl();
     ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
@@ -985,7 +987,7 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
     mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
     ctl.stream_error = 0;
     ctl.op_stop.error = MK_OK;
-    ctl.head_n = 0;   /* no table head (a launch's entry sets it: megakernel) */
+    ctl.head_n = head_n;
     const unsigned char* page_array = mk_page_array(mk_smem);
     const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
     mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
@@ -1081,8 +1083,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         ctl.wgmma_inited = 0;  /* nor a wgmma GEMM's (ops/gemm_wgmma.cuh) */
         ctl.wgmma_held = 0;    /* MK_WGMMA_ONLY's chained ring starts empty, at position 0 */
         ctl.wgmma_pos = 0;
-        stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
-        ctl.head_n = MK_TABLE_HEAD;   /* this launch's table (instr.h: never shorter) */
+        stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end, MK_TABLE_HEAD);
     }
     if (__syncthreads_or(stop)) {
         if (loader)
@@ -1112,8 +1113,9 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
 }
 
 /* (the MK_WGMMA_ONLY variant holds the entry megakernel only, pages.cuh; a build of some
- * bodies, instr.h's MK_BODIES, no resident kernel: that one serves any program) */
-#if !MK_WGMMA_ONLY && MK_EVERY_BODY
+ * bodies, instr.h's MK_BODIES, holds the resident kernel only with MK_RESIDENT: a launched
+ * program's build need not compile a second copy of the interpreter) */
+#if !MK_WGMMA_ONLY && defined(MK_RESIDENT)
 
 /* ---- the resident kernel -------------------------------------------------------------------
  *
@@ -1206,7 +1208,7 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         mk_mbar_inval(&ctl.empty[i]);
     }
     const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,
-                                        ticket, q_begin, q_end);
+                                        ticket, q_begin, q_end, 0u);
     ctl.request = ok ? MK_REQUEST_RUN : MK_REQUEST_FAILED;
 }
 
@@ -1408,7 +1410,7 @@ megakernel_resident(const mk_resident_args a)
     }
 }
 
-#endif /* !MK_WGMMA_ONLY && MK_EVERY_BODY */
+#endif /* !MK_WGMMA_ONLY && MK_RESIDENT */
 
 #if !MK_WGMMA_ONLY
 /* The "separate" variant, for benchmarks only: one launch per graph op, block b runs record

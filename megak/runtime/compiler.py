@@ -312,9 +312,13 @@ def code_sizes(cubin: bytes) -> dict[str, int]:
     return sizes
 
 
-def bodies_defines(bodies: int) -> dict:
-    """The defines of a build holding the op bodies `bodies` (instr.h, enum mk_bodies)."""
-    return {"MK_BODIES": f"{bodies:#x}u"}
+def bodies_defines(bodies: int, resident: bool = False) -> dict:
+    """The defines of a build holding the op bodies `bodies` (instr.h, enum mk_bodies), and
+    the resident kernel where `resident`."""
+    defines = {"MK_BODIES": f"{bodies:#x}u"}
+    if resident:
+        defines["MK_RESIDENT"] = 1
+    return defines
 
 
 def compile_megakernel(arch: str = DEFAULT_ARCH, defines: dict | None = None,

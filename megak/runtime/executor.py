@@ -314,13 +314,16 @@ class CudaExecutor:
         self._host_timeout_s = value
 
     # -- set-up ------------------------------------------------------------------------------------
-    def _variant(self, trace: bool, wgmma_only: int = 0, every_body: bool = False) -> tuple:
+    def _variant(self, trace: bool, wgmma_only: int = 0, resident_bodies: int | None = None
+                 ) -> tuple:
         """(compiled, object code, kernel, kernel info) of the plain, the MK_TRACE=1 or the
         MK_WGMMA_ONLY=<wgmma_only> build (device/pages.cuh: 1 n256, 2 n128), the first two
-        with the plan's bodies (MK_BODIES, self.bodies) unless `every_body`: compiled (cached
-        on disk), loaded and configured once per executor."""
-        bodies = None if every_body or wgmma_only else self.bodies
-        key = (trace, wgmma_only, bodies)
+        with the plan's bodies (MK_BODIES, self.bodies); with `resident_bodies`, the build of
+        those bodies that holds the resident kernel (MK_RESIDENT). Compiled (cached on disk),
+        loaded and configured once per executor."""
+        resident = resident_bodies is not None
+        bodies = resident_bodies if resident else None if wgmma_only else self.bodies
+        key = (trace, wgmma_only, bodies, resident)
         if key not in self._variants:
             from cuda.core import ObjectCode
 
@@ -331,7 +334,7 @@ class CudaExecutor:
             if wgmma_only:
                 defines["MK_WGMMA_ONLY"] = wgmma_only
             if bodies is not None:
-                defines.update(bodies_defines(bodies))
+                defines.update(bodies_defines(bodies, resident))
             compiled = compile_megakernel(arch=self.info["arch"], defines=defines or None)
             code = ObjectCode.from_cubin(compiled.cubin)
             kernel = code.get_kernel("megakernel")
@@ -455,8 +458,7 @@ class CudaExecutor:
         self._n_tensors = n_tensors
         # a tensor table is its entries, then the TMA operands' maps and ready words
         # (tensor_maps.py); tables side by side stay 128-B aligned, as the maps must be
-        self._table_bytes = round_up(max(abi.table_bytes(n_tensors), abi.TENSOR_DTYPE.itemsize),
-                                     abi.TMAP_BYTES)
+        self._table_bytes = round_up(abi.table_bytes(n_tensors), abi.TMAP_BYTES)
         # the slots whose maps every table carries, with their boxes; reload_queues() keeps
         # them, so a TMA operand added later has ready 0 and the device loads it itself
         self._map_boxes = tensor_maps.map_boxes(plan.instrs)
@@ -828,11 +830,18 @@ class CudaExecutor:
             self._wait_stream("reading results back", self._h)
             return self._copy_out(outputs, False)[0]
 
-    def resident_function(self, smem_bytes: int):
-        """The resident entry of this executor's module (megakernel_resident), opted in to
-        `smem_bytes` of dynamic shared memory and checked to fit one block per SM."""
+    def compile_resident(self, bodies: int) -> None:
+        """Compile the resident build of `bodies` into the disk cache (NVRTC only, no module
+        loaded): what resident_function loads later."""
+        from .compiler import bodies_defines, compile_megakernel
+        compile_megakernel(arch=self.info["arch"], defines=bodies_defines(bodies, True))
+
+    def resident_function(self, smem_bytes: int, bodies: int):
+        """The resident entry (megakernel_resident) of a build holding the op bodies `bodies`
+        (the union of the programs it serves), opted in to `smem_bytes` of dynamic shared
+        memory and checked to fit one block per SM: (function, object code)."""
         drv = _bindings()
-        _, code, _, _ = self._variant(False, every_body=True)   # later programs' bodies too
+        _, code, _, _ = self._variant(False, resident_bodies=bodies)
         _, func = kernel_handles(code.get_kernel("megakernel_resident"))
         check(drv.cuFuncSetAttribute(
             func, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

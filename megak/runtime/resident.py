@@ -17,7 +17,12 @@ Host protocol (the device's half, and the ordering argument, are in megakernel.c
     request or a close, stop: requests from view.next on never run and say so;
   - a launch first resets the device state (go = closed = first - 1, nothing failed, every
     block's seen = first - 1) on the kernel's stream, so it is ordered after the previous
-    launch has ended.
+    launch has ended;
+  - ``widen``: the kernel runs a build of the op bodies of the programs it serves (instr.h,
+    MK_BODIES). A program with others is served by a wider build: compiled while the old one
+    runs, then a close request makes the old one leave after the requests before it, then
+    the new build is loaded (a module's load waits for a kernel that holds every SM) and
+    the next request launches it (from the request after the close).
 megak/runtime/resident_model.py runs the same protocol against a model of the device.
 """
 from __future__ import annotations
@@ -65,13 +70,15 @@ def nanoseconds(seconds: float) -> int:
 class ResidentKernel:
     """The resident megakernel on one device: its launch, the ring and the view.
 
-    ``module_of``: an executor whose loaded module provides the resident entry (every
-    program's module is the same cubin). ``idle_s``: the kernel leaves after this long with
-    no request. ``wait_s``: the longest one request may take before the relay gives up.
+    ``module_of``: the executor that compiles and loads the resident builds
+    (``resident_function``); ``bodies``: the op bodies (instr.h, MK_BODIES) of the programs
+    it serves, widened by ``widen``. ``idle_s``: the kernel leaves after this long with no
+    request. ``wait_s``: the longest one request may take before the relay gives up.
     Not thread-safe by itself: `megak.Resident` holds a lock around it.
     """
 
-    def __init__(self, module_of, *, idle_s: float, wait_s: float, device: int = 0):
+    def __init__(self, module_of, bodies: int, *, idle_s: float, wait_s: float,
+                 device: int = 0):
         from cuda.core import Device
         self._dev = Device(device)
         self._dev.set_current()
@@ -79,7 +86,9 @@ class ResidentKernel:
         info = device_info(device)
         self.grid = int(info["sm_count"])
         self.smem_bytes = int(module_of.kernel_info["max_dynamic_smem"])
-        self._func, self._code = module_of.resident_function(self.smem_bytes)
+        self._module_of = module_of
+        self.bodies = bodies
+        self._func, self._code = module_of.resident_function(self.smem_bytes, bodies)
         self.idle_s, self.wait_s = idle_s, wait_s
         self._memory = mem.Memory(device)
         m = self._memory
@@ -152,6 +161,28 @@ class ResidentKernel:
                 self.stopped = (REASONS.get(reason, f"reason {reason}"), nxt)
         if not self.running and self.stopped is None and self.resume != self.next:
             self._launch(self.resume)
+
+    def widen(self, bodies: int, limit_s: float) -> None:
+        """Serve programs with the op bodies `bodies` too: from the next request on, a build
+        of the union (see the module's protocol). The running kernel keeps serving while the
+        new build compiles; it then leaves at a close request, after the requests before it,
+        and only then is the new build loaded: a module's load waits for a kernel that holds
+        every SM (benchmarks/ANALYSIS.md, 2026-12-03)."""
+        union = self.bodies | bodies
+        if union == self.bodies:
+            return
+        self._module_of.compile_resident(union)   # NVRTC only: the kernel keeps serving
+        if self.running and self.stopped is None:
+            close = self.post(0, 0, 0, time.monotonic() + limit_s)
+            if not self.wait_left(limit_s):
+                self.broken = (f"the resident megakernel did not leave within {limit_s:g} s "
+                               f"of the close request before a wider build")
+                raise MegakernelHang(f"cuda: {self.broken}; the GPU stays busy until it does")
+            if self.stopped == ("closed", close):   # our close, not a failure before it
+                self.stopped = None
+                self.resume = (close + 1) & _U32
+        self._func, self._code = self._module_of.resident_function(self.smem_bytes, union)
+        self.bodies = union
 
     def served(self, s: int) -> bool:
         """False once request `s` can no longer run (the kernel stopped before it)."""

@@ -1,7 +1,7 @@
 """The resident megakernel's synchronisation protocol, stated in Python and run through
 interleavings. The device half is megakernel.cu's resident kernel (mk_relay, mk_take_request,
 mk_serve and the last lines of mk_finish_invocation); the host half is
-megak/runtime/resident.py (ResidentKernel: post, _slot_free, kick, _launch, served).
+megak/runtime/resident.py (ResidentKernel: post, _slot_free, kick, _launch, served, widen).
 
 Each actor below is a generator whose every step is one shared-memory action (a read, a
 write, or a read-modify-write); a scheduler interleaves the steps of all actors. Request
@@ -19,6 +19,10 @@ argument is the same).
            stream a reset of the device state (go = closed = first - 1, failed clear, every
            seen[b] = first - 1, the mirror zeroed), which the stream runs only once every
            actor of the previous launch has ended.
+           widen (a wider build of op bodies for a program added): while a launch runs and
+           nothing stopped it, post a close request c and wait until the launch has left; a
+           stop at c itself (CLOSED, view.next == c) is the host's own: clear it and resume
+           from c + 1, so the next post launches the new build. Any other stop stays.
   relay    the last block, for s = first, first + 1, ...
            R1  wait until the ring entry is request s, and closed == s - 1 (read in one step
                with `failed`: one word on the device; set means FAILED). Each round reads the
@@ -79,7 +83,8 @@ that the tests can show the checks catch it:
   reuse_ring_unchecked    the host rewrites a ring slot without waiting for view.taken;
   untagged_ring           the relay takes the entry on its seq alone, without the params
                           word's tag;
-  no_relaunch             the host never launches again after the first launch left.
+  no_relaunch             the host never launches again after the first launch left;
+  widen_clears_any_stop   widen clears whatever stop it finds, a failure's too.
 
 Not modelled: an actor that stops for good (the relay's LOST in R2, for a block that stopped
 reading requests, and a block's own deadline, for a relay that is gone, guard against that;
@@ -209,6 +214,12 @@ def sync() -> tuple:
     """Script step: the host waits (kicking) until every request posted so far has run or is
     reported never to run, as a caller waiting for its tickets does."""
     return ("sync",)
+
+
+def widen() -> tuple:
+    """Script step: ResidentKernel.widen: the launch running leaves at a close request, and
+    the next post launches again after it (a wider build)."""
+    return ("widen",)
 
 
 def close() -> tuple:
@@ -349,8 +360,8 @@ class Outcome:
 class ResidentModel:
     """The host, the stream, the relay and `grid` blocks sharing the ring, the view and the
     device state. `programs`: the programs requests invoke; `script`: the host's steps
-    (post, pause, wait_left, sync, close). Time is counted in relay steps: idle_steps without
-    a request make the kernel leave (IDLE), wait_steps waiting for a request to close make it
+    (post, pause, wait_left, sync, widen, close). Time is counted in relay steps: idle_steps
+    without a request make the kernel leave (IDLE), wait_steps waiting for a request to close make it
     give up (LOST; None: never)."""
 
     def __init__(self, programs, script, *, grid: int, ring_slots: int = RING_SLOTS,
@@ -358,7 +369,7 @@ class ResidentModel:
                  wait_steps: int | None = None, publish_before_close: bool = False,
                  reuse_mirror_unchecked: bool = False, blocks_decide_idle: bool = False,
                  reuse_ring_unchecked: bool = False, no_relaunch: bool = False,
-                 untagged_ring: bool = False):
+                 untagged_ring: bool = False, widen_clears_any_stop: bool = False):
         if any(p.n_sm < 1 or p.n_sm > grid for p in programs):
             raise ValueError("every program needs 1..grid blocks")
         self.programs = list(programs)
@@ -371,6 +382,7 @@ class ResidentModel:
         self.reuse_ring_unchecked = reuse_ring_unchecked
         self.no_relaunch = no_relaunch
         self.untagged_ring = untagged_ring
+        self.widen_clears_any_stop = widen_clears_any_stop
         # shared memory
         self.ring = [Entry() for _ in range(ring_slots)]
         self.view = View()
@@ -446,6 +458,8 @@ class ResidentModel:
                 yield from self._wait_left()
             elif op[0] == "sync":
                 yield from self._sync()
+            elif op[0] == "widen":
+                yield from self._widen()
             elif op[0] == "close":
                 if self.running:
                     yield from self._post(None)
@@ -526,6 +540,18 @@ class ResidentModel:
     def _wait_left(self):
         while self.running:
             yield PROGRESS if self._kick() else "the launch to leave"
+
+    def _widen(self):
+        """ResidentKernel.widen, once the wider build is compiled."""
+        if not self.running or self.stopped is not None:
+            return
+        c = self.next
+        yield from self._post(None)
+        yield from self._wait_left()
+        if self.stopped == (CLOSED, c) or (self.widen_clears_any_stop and self.stopped):
+            self.stopped = None
+            self.resume = c + 1
+        yield PROGRESS
 
     def _sync(self):
         for s, (params, ticket) in sorted(self.truth.posted.items()):
@@ -714,8 +740,11 @@ class ResidentModel:
         """Rules 2 and 3 when block b starts request s."""
         _require((s, b) not in self.truth.started, 3, f"block {b} runs request {s} twice")
         self.truth.started.add((s, b))
-        _require(s == 1 or self.truth.closed[s - 1] > 0, 2,
-                 f"block {b} starts request {s} before request {s - 1} closed")
+        before = s - 1          # the invocation before s: a close request (widen) runs none
+        while before >= 1 and self.truth.posted[before][0] is None:
+            before -= 1
+        _require(before < 1 or self.truth.closed[before] > 0, 2,
+                 f"block {b} starts request {s} before request {before} closed")
         expected = self.truth.epoch_before[s]
         _require(epoch == expected, 2, f"block {b} starts request {s} of program "
                                        f"{params.program} at epoch {epoch}, not {expected}")

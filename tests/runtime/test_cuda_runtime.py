@@ -608,7 +608,7 @@ def test_fake_round_trip_padding_and_epochs(fake_gpu, rng, managed):
         ev = ex.last_trace_events
         assert ev.dtype == abi.TRACE_DTYPE and len(ev) == len(plan.instrs)
         # (trace, wgmma_only, the plan's bodies)
-        assert set(ex._variants) == {(False, 0, ex.bodies), (True, 0, ex.bodies)}
+        assert set(ex._variants) == {(False, 0, ex.bodies, False), (True, 0, ex.bodies, False)}
         ex.run({0: x}, [0])
         assert ex.last_trace_events is None
 

@@ -130,24 +130,23 @@ def test_it_leaves_when_idle_and_the_next_submit_launches_it_again(rng):
 
 def test_a_program_added_while_it_runs(rng):
     ga = chain_graph(2)
-    with megak.compile(ga, backend="cuda") as a:
+    # compiled before the kernel is resident: a module's load waits for a kernel that holds
+    # every SM (tools/probe_module_load.py); its queues are uploaded by then as well
+    gc_ = chain_graph(4, m=32, n=128)
+    with megak.compile(ga, backend="cuda") as a, megak.compile(gc_, backend="cuda") as c:
         ca = Case(ga, rng)
+        x = {n: rng.uniform(-1, 1, t.shape).astype(np.float32) for n, t in gc_.inputs.items()}
         torch.cuda.synchronize()
         with megak.resident(a, idle_s=30) as r:
             r.submit(a, out={"y": ca.y}, **ca.inputs).wait()
-            # compiled while the kernel is resident: its queues uploaded by copies beside it;
-            # its module's load waits for the idle exit (30 s here: ANALYSIS 2026-12-03)
-            gc_ = chain_graph(4, m=32, n=128)
-            with megak.compile(gc_, backend="cuda") as c:
-                x = {n: rng.uniform(-1, 1, t.shape).astype(np.float32)
-                     for n, t in gc_.inputs.items()}
-                r.add(c)
-                assert r._kernel.running and r.launches == 1
-                value, bound = evaluate(gc_, {k: v.astype(np.float64) for k, v in x.items()})[
-                    gc_.outputs["y"].index]
-                assert_close(r.submit(c, **x).wait()["y"], value, bound, "added program")
-                r.close()
-            ca.check("first program")
+            r.add(c)
+            assert r._kernel.running and r.launches == 1
+            value, bound = evaluate(gc_, {k: v.astype(np.float64) for k, v in x.items()})[
+                gc_.outputs["y"].index]
+            assert_close(r.submit(c, **x).wait()["y"], value, bound, "added program")
+            assert r.launches == 1, "the kernel left before the added program's request"
+            r.close()
+        ca.check("first program")
 
 
 def test_bound_requests_run_new_values_and_a_moved_tensor(rng):

@@ -2,7 +2,8 @@
 mk_relay / mk_take_request / mk_serve and resident.py's ResidentKernel) driven through
 seeded random interleavings: random programs (blocks with and without work), planted
 failures, a host that pauses long enough for the kernel to leave idle and launches it again,
-a relay deadline that gives up on slow requests, and a final close. Every run must keep the
+a relay deadline that gives up on slow requests, launches for wider builds, and a final
+close. Every run must keep the
 five rules of the model's docstring; each misuse switch, breaking one rule, must be caught."""
 import random
 from collections import Counter
@@ -12,12 +13,12 @@ import pytest
 from megak.runtime import resident_model as rm
 from megak.runtime.resident_model import (CLOSED, FAILED, IDLE, LOST, Program, ProtocolViolation,
                                           RandomScheduler, ResidentModel, RoundRobin, close,
-                                          pause, post, sync, wait_left)
+                                          pause, post, sync, wait_left, widen)
 
 
 def random_model(seed: int, **overrides) -> ResidentModel:
-    """A small random world: 2-5 blocks, 1-3 programs, 4-14 requests with pauses, syncs and
-    waits for the kernel to leave, tiny ring and mirror so that both wrap many times."""
+    """A small random world: 2-5 blocks, 1-3 programs, 4-14 requests with pauses, syncs,
+    waits for the kernel to leave and launches of wider builds, tiny ring and mirror so that both wrap many times."""
     rng = random.Random(seed)
     grid = rng.randint(2, 5)
     programs = [Program(tuple(rng.choice((0, 0, 1, 2)) for _ in range(rng.randint(1, grid))))
@@ -32,6 +33,8 @@ def random_model(seed: int, **overrides) -> ResidentModel:
             script.append(wait_left())
         elif r < 0.20:
             script.append(sync())
+        elif r < 0.25:
+            script.append(widen())
     if rng.random() < 0.8:
         script.append(close())
     options = dict(grid=grid, ring_slots=rng.choice((1, 2, 4)),
@@ -125,6 +128,46 @@ def test_a_request_slower_than_the_relay_deadline_is_lost(seed):
     reason, first_never_run = outcome.stopped
     assert reason == LOST and outcome.never_ran == list(range(first_never_run, 4))
     assert outcome.ran == list(range(1, first_never_run))   # the slow one still finished
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_wider_build_takes_over_after_a_close_and_serves_every_request(seed):
+    programs = [Program((1, 0, 2)), Program((1, 1))]
+    script = [post(0), post(1), widen(), post(0), post(1), widen(), post(0), close()]
+    model = ResidentModel(programs, script, grid=3, ring_slots=2, mirror_slots=2,
+                          idle_steps=10_000)
+    outcome = run(model, seed)
+    # requests 3 and 6 are the widenings' closes, 8 the final one
+    assert outcome.exits == [(CLOSED, 3), (CLOSED, 6), (CLOSED, 8)]
+    assert outcome.ran == [1, 2, 4, 5, 7] and outcome.never_ran == []
+    assert outcome.stopped == (CLOSED, 8)
+    assert model.run_state[0].ticket_done == 3 and model.run_state[1].ticket_done == 2
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_failure_before_a_widening_close_keeps_the_kernel_stopped(seed):
+    programs = [Program((1, 1))]
+    script = [post(0), post(0, fail=True), post(0), widen(), post(0), sync()]
+    model = ResidentModel(programs, script, grid=2, ring_slots=4, mirror_slots=2,
+                          idle_steps=10_000)
+    outcome = run(model, seed)
+    assert outcome.stopped == (FAILED, 3)
+    assert outcome.ran == [1, 2] and outcome.never_ran == [3, 5]
+
+
+def test_a_widening_that_clears_a_failures_stop_is_caught():
+    """Request 3 never ran: request 5 then starts at an epoch the host did not predict (rule
+    2), or the host counts request 3 served (rule 3)."""
+    programs = [Program((1, 1))]
+    script = [post(0), post(0, fail=True), post(0), widen(), post(0), sync()]
+    caught = 0
+    for seed in range(10):
+        model = ResidentModel(programs, script, grid=2, ring_slots=4, mirror_slots=2,
+                              idle_steps=10_000, widen_clears_any_stop=True)
+        with pytest.raises(ProtocolViolation) as exc:
+            model.run(scheduler(seed))
+        caught += exc.value.rule in (2, 3)
+    assert caught == 10
 
 
 def test_block_activity_follows_mk_block_active():
