@@ -1226,10 +1226,12 @@ __device__ __forceinline__ bool mk_all_seen(const mk_u32* seen, mk_u32 grid, mk_
 }
 
 /* The last block, warp 9: the relay (see above); lane 0 leads, the warp scans seen[]. It
- * lives in the last block because block 0 takes part in every invocation and often closes it:
- * there its polls of the host ring over PCIe stretched the closing fence.sc.sys (1.6 us
- * against 0.5 in a launched kernel, traced). Leaves after
- * publishing a "leave" entry. */
+ * lives in the last block because block 0 takes part in every invocation and often closes it.
+ * Polls of the host ring over PCIe, from any SM, stretch the closing block's fence.sc.sys
+ * (traced on a one-copy request: 1.5 us while the relay polls, 0.5 us without, as in a
+ * launched kernel), so while a request runs the relay reads the ring once, then only
+ * `closed`: a request posted after that read is taken one PCIe round trip after the close.
+ * Leaves after publishing a "leave" entry. */
 __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
 {
     mk_resident_state* res = reinterpret_cast<mk_resident_state*>(a.state);
@@ -1248,11 +1250,14 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
             bool taken = false, closed = false;
             const mk_u64 start = mk_globaltimer();
             mk_u64 idle_since = 0;
+            bool first_round = true;
             while (!(taken && closed)) {
                 /* every load of this round in flight together: one PCIe round trip for the
-                 * ring entry (the acquire is last: it orders nothing before it) */
+                 * ring entry (the acquire is last: it orders nothing before it). While
+                 * request s - 1 runs the ring is read in the first round only: polls over
+                 * PCIe beside it stretch its closing fence.sc.sys (see above) */
                 const mk_u64 done = closed ? 0ull : mk_ld_relaxed_u64(&res->closed);
-                if (!taken) {
+                if (!taken && (closed || first_round)) {
                     const mk_u64 w0 = mk_ld_relaxed_sys_u64(&e->params);
                     const mk_u64 w1 = mk_ld_relaxed_sys_u64(&e->tensors);
                     const mk_u64 w2 = mk_ld_acquire_sys_u64(
@@ -1273,6 +1278,7 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
                         break;
                     }
                 }
+                first_round = false;
                 const mk_u64 now = mk_globaltimer();
                 if (!closed && now - start > a.wait_ns) {
                     reason = MK_RESIDENT_LOST;

@@ -149,6 +149,50 @@ def test_a_program_added_while_it_runs(rng):
         ca.check("first program")
 
 
+def test_it_runs_its_programs_bodies_and_a_wider_build_for_an_added_one(rng):
+    """The kernel is a build of its programs' op bodies (a copy: no GEMM code). Adding a GEMM
+    chain compiles a wider build while the kernel runs; the kernel leaves after the request
+    already submitted (served by the old build) and the next request launches the new one,
+    which serves both programs."""
+    from megak import abi
+    from megak.runtime import compiler
+    gcopy, gchain = copy_graph(), chain_graph(2)
+    with megak.compile(gcopy, backend="cuda") as a, megak.compile(gchain, backend="cuda") as b, \
+            megak.compile(gchain, backend="cuda") as b2:
+        cases = [Case(gcopy, rng) for _ in range(3)]
+        cb = Case(gchain, rng)
+        torch.cuda.synchronize()
+        with megak.resident(a, idle_s=30) as r:
+            k = r._kernel
+            assert k.bodies == a._executor.bodies
+            built = compiler.compile_megakernel(a._executor.info["arch"],
+                                                defines=compiler.bodies_defines(k.bodies, True))
+            names = " ".join(compiler.code_sizes(built.cubin))
+            assert "megakernel_resident" in names and "mk_gemm" not in names, names
+            cases[0].poison()
+            first = r.submit(a, out={"y": cases[0].y}, **cases[0].inputs)
+            r.add(b)
+            assert k.bodies == a._executor.bodies | b._executor.bodies
+            assert k.bodies & abi.BODY_GEMM_TILED
+            first.wait()
+            cases[0].check("the request before the wider build")
+            cb.poison()
+            cases[1].poison()
+            hb = r.submit(b, out={"y": cb.y}, **cb.inputs)
+            ha = r.submit(a, out={"y": cases[1].y}, **cases[1].inputs)
+            hb.wait()
+            ha.wait()
+            cb.check("the added program, on the wider build")
+            cases[1].check("the first program, on the wider build")
+            assert r.launches == 2 and k.running
+            r.add(b2)
+            assert r.launches == 2          # known bodies: no new build, no relaunch
+            cases[2].poison()
+            r.submit(a, out={"y": cases[2].y}, **cases[2].inputs).wait()
+            cases[2].check("after an add of known bodies")
+            assert r.launches == 2
+
+
 def test_bound_requests_run_new_values_and_a_moved_tensor(rng):
     """r.submit(bound): the bound tensors' new values (copied in from the host beside the
     kernel: a device-to-device copy may be a kernel, which would wait for the resident one to
