@@ -105,7 +105,7 @@ class Resident:
     def add(self, prog: Program) -> None:
         """Serve ``prog`` too (allowed while the kernel runs: its queues were uploaded when it
         was compiled; compile it before the kernel is resident where possible: a module's load
-        seems to wait for the kernel to leave). The kernel runs a build of the op bodies of
+        waits for the kernel to leave). The kernel runs a build of the op bodies of
         the programs it serves: a program with others makes it compile a wider build while
         it runs, then leave after the requests already submitted; the wider build is loaded
         once it has left and launched for the next request."""
