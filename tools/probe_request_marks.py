@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Probe: where one call's device time goes, step by step, for a launched run and for a
-resident request, on a (1, 32) copy and on a program with no instruction.
+resident request, on a (1, 32) copy, on a program with no instruction and on the
+W7-call-mlp1024 chain (16 bf16 layers, hidden 1024, batch 16: its instructions on many SMs,
+so only the ends are marked: block 0's entry or the relay's take, and the steps of the last
+block's finish).
 
 It compiles the megakernel with %globaltimer marks inserted at fixed points of the path
 (block 0's set-up, the loader's steps, the op, the join, each step of mk_finish_invocation,
@@ -9,9 +12,10 @@ with cuModuleGetGlobal; then prints the median time between consecutive marks ov
 The marks are inserted by text replacement at anchor lines of megakernel.cu: when the source
 changes, an anchor that no longer matches fails loudly (AssertionError naming it).
 
-    python tools/probe_request_marks.py
+    python tools/probe_request_marks.py [--workloads copy empty chain]
 
 Figures (H200, 2026-12-01) are in benchmarks/ANALYSIS.md, "The call path, traced"."""
+import argparse
 import statistics
 import time
 
@@ -71,12 +75,13 @@ def patch(src):
         '        if (blockIdx.x == 0) MKP(9, ctl.ticket);\n        if (what != MK_REQUEST_SKIP)\n            mk_finish_invocation(ctl.params, ctl.ticket, res, s);\n')
     rep('    mk_join_roles();\n    if (tid == 0)\n        mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);\n',
         '    mk_join_roles();\n    if (tid == 0 && sm == 0) MKP(9, ticket);\n    if (tid == 0)\n        mk_finish_invocation(ctl.params, ctl.ticket, nullptr, 0u);\n')
-    # finish
+    # finish: only the invocation's last block gets past its count (one-block programs:
+    # block 0), so these marks are that block's
     rep('    if (error == MK_OK && finished != p.n_active)\n        error = MK_ERR_ABORTED;    /* stopped from outside (the host\'s watchdog) */\n',
-        '    if (error == MK_OK && finished != p.n_active)\n        error = MK_ERR_ABORTED;    /* stopped from outside (the host\'s watchdog) */\n    if (blockIdx.x == 0 && done_before != 0xfffffff0u) MKP(10, ticket);\n')
+        '    if (error == MK_OK && finished != p.n_active)\n        error = MK_ERR_ABORTED;    /* stopped from outside (the host\'s watchdog) */\n    if (done_before != 0xfffffff0u) MKP(10, ticket);\n')
     rep('    __threadfence_system();\n    hv->ticket_done = newest;\n',
-        '    if (blockIdx.x == 0) MKP(11, ticket);\n    __threadfence_system();\n    hv->ticket_done = newest;\n    if (blockIdx.x == 0) MKP(12, ticket);\n')
-    rep('        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n', '        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n    if (res != nullptr && blockIdx.x == 0) MKP(13, ticket);\n')
+        '    MKP(11, ticket);\n    __threadfence_system();\n    hv->ticket_done = newest;\n    MKP(12, ticket);\n')
+    rep('        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n', '        mk_st_release_u64(&res->closed, ((mk_u64)(error != MK_OK) << 32) | request);\n    if (res != nullptr) MKP(13, ticket);\n')
     # launched entry
     rep('    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n',
         '    if (tid == 0 && sm == 0) MKP(14, ticket);\n    if (tid == 0) {\n        ctl.params = *params;\n        run = mk_run_of_state(run_state);\n    }\n')
@@ -133,32 +138,59 @@ def report(title, m, order, host_us=None):
     print(f"  {'total':>30s}    {statistics.median(tot)/1e3:7.3f} us")
 
 
+def workloads():
+    """name -> (graph builder, inputs maker, launch marks, resident marks)."""
+    def copy(g):
+        g.output(g.copy(g.input("x", (1, 32))), "y")
+
+    def empty(g):
+        g.output(g.input("x", (1, 32)), "x_out")
+
+    def chain(g):   # benchmarks' W7-call-mlp1024
+        h = g.input("x", (16, 1024), "bfloat16")
+        for i in range(16):
+            h = g.gemm(h, g.input(f"w{i}", (1024, 1024), "bfloat16"))
+            g.output(h, f"y{i}")
+
+    ends = ([14, 15, 10, 11, 12], [0, 1, 2, 3, 10, 11, 12, 13])
+    return {"copy": (copy, [14, 15, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12],
+                     [0, 1, 2, 3, 4, 5, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12, 13]),
+            "empty": (empty, [14, 15, 9, 10, 11, 12], [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13]),
+            "chain": (chain, *ends)}
+
+
 def main():
+    table = workloads()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=list(table), choices=list(table))
+    args = ap.parse_args()
     import torch
     from probe_resident_path import med   # tools/, beside this file
     original = compiler.device_source
     compiler.device_source = lambda: patch(original())
-    for name, build in (("copy", lambda g: g.output(g.copy(g.input("x", (1, 32))), "y")),
-                        ("empty", lambda g: g.output(g.input("x", (1, 32)), "x_out"))):
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+    for name in args.workloads:
+        build, launch_order, resident_order = table[name]
         g = megak.Graph()
         build(g)
         prog = megak.compile(g, backend="cuda")
         ex = prog._executor
-        x = torch.randn(1, 32, device="cuda")
-        outs = {k: torch.empty(prog.plan.output_shapes[k], device="cuda")
+        inputs = {k: torch.randn(t.shape, device="cuda", dtype=dtypes[t.dtype]) * 0.03
+                  for k, t in g.inputs.items()}
+        outs = {k: torch.empty(prog.plan.output_shapes[k], device="cuda",
+                               dtype=dtypes[g.outputs[k].dtype])
                 for k in prog.plan.outputs if prog._writes_in_place(k)}
         print(f"== {name}: n_sm {prog.plan.n_sm}, instructions {len(prog.plan.instrs)}")
-        prog.run(out=outs, x=x)
+        prog.run(out=outs, **inputs)
         torch.cuda.synchronize()
         clear(ex)
-        t = med(lambda: prog.run(out=outs, x=x), 64)
+        t = med(lambda: prog.run(out=outs, **inputs), 64)
         m, _ = marks_of(ex)
-        order = [14, 15, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12] if name == "copy" else [14, 15, 9, 10, 11, 12]
-        report(f"{name}: prog.run (launch)", m, order, t)
+        report(f"{name}: prog.run (launch)", m, launch_order, t)
         # back to back launches
         clear(ex)
         t0 = time.perf_counter_ns()
-        hs = [prog.launch(out=outs, x=x) for _ in range(64)]
+        hs = [prog.launch(out=outs, **inputs) for _ in range(64)]
         for h in hs:
             h.wait()
         per = (time.perf_counter_ns() - t0) / 64 / 1e3
@@ -171,19 +203,19 @@ def main():
               f"end -> next entry {statistics.median(gaps)/1e3:.2f} us")
         with megak.resident(prog, idle_s=10) as r:
             k = r._kernel
-            r.submit(prog, out=outs, x=x).wait()
-            call, params, table, _ = prog._prepare_request({"x": x}, outs)
+            r.submit(prog, out=outs, **inputs).wait()
+            call, params, table_ptr, _ = prog._prepare_request(inputs, outs)
             clear(ex, k._func)
+
             def post_spin():
                 tk = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
-                k.post(params, table, tk, time.monotonic() + 10)
+                k.post(params, table_ptr, tk, time.monotonic() + 10)
                 while not ex.done(tk):
                     pass
             t = med(post_spin, 64)
-            order = [0, 1, 2, 3, 4, 5, 6, 18, 19, 20, 16, 17, 7, 8, 9, 10, 11, 12, 13] if name == "copy" else [0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13]
             m, _ = marks_of(ex, k._func)
-            report(f"{name}: resident post+spin", m, order, t)
-            t2 = med(lambda: r.submit(prog, out=outs, x=x).wait(), 200)
+            report(f"{name}: resident post+spin", m, resident_order, t)
+            t2 = med(lambda: r.submit(prog, out=outs, **inputs).wait(), 200)
             print(f"  submit+wait from Python: {t2:.2f} us")
         prog.close()
 
