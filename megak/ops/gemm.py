@@ -117,13 +117,16 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
 def stream_narrow(m: int, n: int, parts: int, n_sm: int) -> bool:
     """Whether a streamed GEMM that `stream_split` cuts into `parts` k ranges per band takes
     narrow bands instead (MK_FLAG_STREAM_NARROW: NARROW_COLS columns over the whole K, no
-    combine): at most one m16 tile of rows, a split that would combine, and narrow bands that
-    keep at least as many SMs streaming in one wave. On the H200 the combine of two parts
-    cost 4.0 us of a 15.4 us layer of 4096 x 8 (benchmarks/ANALYSIS.md), and one part on half
-    the SMs as much in its longer k loop."""
+    combine): at most one m16 tile of rows, narrow bands that fit one wave and keep at least
+    as many SMs streaming, and either a split that would combine or more SMs than the wide
+    bands. On the H200 the combine of two parts cost 4.0 us of a 15.4 us layer of 4096 x 8,
+    and one part on half the SMs as much in its longer k loop; 1024 x 1024 layers (16 wide
+    bands of one part, 32 narrow) ran 87.7 us wide and 79.7 us narrow for 16 of them at
+    batch 16 (benchmarks/ANALYSIS.md)."""
     narrow_bands = -(-n // NARROW_COLS)
-    return (m <= 16 and parts > 1 and narrow_bands <= n_sm
-            and narrow_bands >= parts * -(-n // BOX_COLS))
+    wide = parts * -(-n // BOX_COLS)
+    return (m <= 16 and narrow_bands <= n_sm and narrow_bands >= wide
+            and (parts > 1 or narrow_bands > wide))
 
 
 # wgmma tiles split over K only into 8 parts or more: a split adds fp32 partials (written

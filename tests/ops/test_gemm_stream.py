@@ -125,7 +125,8 @@ def test_stream_epilogue(backend, rng, m, k, n, epi, out_dtype):
     out = run_checked(prog, g, random_inputs(g, rng), f"stream {m}x{k}x{n} {epi} -> {out_dtype}")
     assert out["c"].dtype == numpy_dtype(out_dtype)
     ins = gemm_instrs(prog.plan)
-    assert (ins["flags"].astype(np.int64) & ~(abi.FLAG_B_READY | abi.FLAG_STREAM)
+    assert (ins["flags"].astype(np.int64)
+            & ~(abi.FLAG_B_READY | abi.FLAG_STREAM | abi.FLAG_STREAM_NARROW)
             == gemm.epilogue_flags(next(op for op in g.ops if op.kind == "gemm"))).all()
 
 
@@ -138,7 +139,8 @@ def test_stream_epilogue(backend, rng, m, k, n, epi, out_dtype):
 def test_stream_one_part_stores_direct(backend, rng, m, k, n, out_dtype, res_dtype):
     g = stream_graph(m, k, n, out_dtype=out_dtype, bias=True, activation="gelu",
                      residual=True, res_dtype=res_dtype)
-    prog = compile_for(g, backend)
+    # on two SMs: three narrow bands of 70 columns would not fit one wave, so 7 rows stay wide
+    prog = megak.compile(g, backend=backend, n_sm=2)
     assert assert_streamed(prog.plan, m, k, n) == 1
     assert not (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM_NARROW).any()
     run_checked(prog, g, random_inputs(g, rng), f"one part {m}x{k}x{n} -> {out_dtype}")
@@ -173,10 +175,11 @@ def test_stream_chain_is_correct(backend, rng):
         x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), "bfloat16"))
         g.output(x, f"h{i}")
     prog = compile_for(g, backend)
-    # 8 boxes per band fit the ring: one part, 16 bands per layer
-    assert prog.stats["instructions_per_opcode"] == {"gemm": layers * 16}
+    # 8 boxes per wide band fit the ring (one part): 32 narrow bands per layer instead of 16
+    assert prog.stats["instructions_per_opcode"] == {"gemm": layers * 32}
     ins = prog.plan.instrs
     assert (ins["flags"] & abi.FLAG_STREAM).all() and prog.plan.stream_pages >= 2
+    assert (ins["flags"] & abi.FLAG_STREAM_NARROW).all()
     # every layer after the first waits only on the bands of the previous one it reads
     assert (ins["n_waits"][ins["op_index"] == 0] == 0).all()
     assert (ins["n_waits"][ins["op_index"] > 0] >= 1).all()
@@ -294,13 +297,17 @@ def test_stream_cost_and_bytes():
 
 
 def test_narrow_rule():
-    # narrow bands where the wide split would combine, at one m16 tile, when they keep at
-    # least as many SMs streaming in one wave
+    # narrow bands at one m16 tile, when they fit one wave and keep at least as many SMs
+    # streaming, where the wide split would combine or leaves SMs the narrow bands use
     assert gemm.NARROW_COLS == 32
     assert gemm.stream_narrow(16, 4096, 2, 132)          # 4096 x 4096: 128 bands, one part
     assert gemm.stream_narrow(1, 4096, 2, 132)
     assert not gemm.stream_narrow(17, 4096, 2, 132)      # two m16 tiles
-    assert not gemm.stream_narrow(16, 4096, 1, 132)      # no combine to save
+    assert not gemm.stream_narrow(16, 4096, 1, 64)       # 128 narrow bands: two waves
+    assert gemm.stream_narrow(16, 1024, 1, 132)          # 32 narrow bands against 16 wide
+    assert gemm.stream_split(16, 1024, 1024, "bfloat16", True, 132)[0] == 1
+    assert not gemm.stream_narrow(16, 32, 1, 132)        # one band either way: no SM gained
+    assert not gemm.stream_narrow(16, 1024, 1, 31)       # 32 narrow bands: two waves
     assert not gemm.stream_narrow(16, 1024, 4, 132)      # 32 narrow bands < 16 x 4 wide parts
     assert not gemm.stream_narrow(16, 8192, 2, 132)      # 256 narrow bands: two waves
     assert gemm.stream_narrow(16, 64, 2, 2) and gemm.stream_narrow(5, 100, 2, 8)
