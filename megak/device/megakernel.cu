@@ -550,8 +550,10 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
  *
  * An error stops the loader after L7 with slot.stop set: the compute warps finish what they
  * run, read the flag and leave. Lane 0 has written sm_state (and status) through mk_stop. */
-/* first_fetched: record 0 and the table's head were requested at the launch's entry (their
- * cp.async groups are this lane's oldest); else (the resident kernel) head_n is 0. */
+/* first_fetched: record 0 and the table's first MK_TABLE_HEAD entries were requested at the
+ * launch's entry (their cp.async groups are this lane's oldest) and the head holds the
+ * table's; else (the resident kernel) no entry is in the head: every descriptor from global
+ * memory. */
 __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 lane,
                                        bool first_fetched)
 {
@@ -561,6 +563,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
     const mk_params& p = ctl.params;
     mk_stop_info& e = ctl.loader_stop;
     mk_u32 stream_pos = 0;   /* lane 0: the weight stream's next stage position */
+    const mk_u32 head_n = first_fetched ? (mk_u32)MK_TABLE_HEAD : 0u;
     for (mk_u32 q = 0; q < n; ++q) {
         mk_slot& s = ctl.slot[q & 1];
         mk_u32 error = MK_OK;
@@ -577,7 +580,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
             mk_cp_async_wait_all();
             __syncwarp();   /* every lane's copies (record, and the head) seen by the warp */
             mk_fetch_operands(s, reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors,
-                              ctl.table_head, ctl.head_n, lane);
+                              ctl.table_head, head_n, lane);
             mk_cp_async_wait_all();
             __syncwarp();
         }
@@ -962,12 +965,10 @@ __device__ __forceinline__ void mk_join_roles()
 
 /* Thread 0: the block's set-up for one invocation of the program now in ctl.params, on
  * `tensors`, at `epoch` (the program's run state): its queue, a fresh page allocator and slot
- * barriers, and the check that the program's pages fit this launch's shared memory.
- * `head_n`: how many of the table's entries the loader copied into ctl.table_head (a launch's
- * entry: MK_TABLE_HEAD, instr.h, as no table is shorter; the resident kernel: 0). False (after
- * mk_stop) when the block cannot run it. */
+ * barriers, and the check that the program's pages fit this launch's shared memory. False
+ * (after mk_stop) when the block cannot run it. */
 __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 ticket,
-                                    mk_u32 q_begin, mk_u32 q_end, mk_u32 head_n)
+                                    mk_u32 q_begin, mk_u32 q_end)
 {
     mk_control& ctl = mk_ctl();
     ctl.params.tensors = reinterpret_cast<mk_u64>(tensors);
@@ -987,7 +988,6 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
     mk_ring_init(ctl, ctl.ring_inited, ring_ok ? ring : 0u);
     ctl.stream_error = 0;
     ctl.op_stop.error = MK_OK;
-    ctl.head_n = head_n;
     const unsigned char* page_array = mk_page_array(mk_smem);
     const mk_u64 need = (mk_u64)(page_array - mk_smem) + (mk_u64)n_pages * MK_PAGE_BYTES;
     mk_stop_info e = {MK_OK, 0, 0, 0, 0, 0, 0};
@@ -1083,7 +1083,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         ctl.wgmma_inited = 0;  /* nor a wgmma GEMM's (ops/gemm_wgmma.cuh) */
         ctl.wgmma_held = 0;    /* MK_WGMMA_ONLY's chained ring starts empty, at position 0 */
         ctl.wgmma_pos = 0;
-        stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end, MK_TABLE_HEAD);
+        stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
     }
     if (__syncthreads_or(stop)) {
         if (loader)
@@ -1115,7 +1115,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
 /* (the MK_WGMMA_ONLY variant holds the entry megakernel only, pages.cuh; a build of some
  * bodies, instr.h's MK_BODIES, holds the resident kernel only with MK_RESIDENT: a launched
  * program's build need not compile a second copy of the interpreter) */
-#if !MK_WGMMA_ONLY && defined(MK_RESIDENT)
+#if !MK_WGMMA_ONLY && MK_RESIDENT
 
 /* ---- the resident kernel -------------------------------------------------------------------
  *
@@ -1208,7 +1208,7 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         mk_mbar_inval(&ctl.empty[i]);
     }
     const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,
-                                        ticket, q_begin, q_end, 0u);
+                                        ticket, q_begin, q_end);
     ctl.request = ok ? MK_REQUEST_RUN : MK_REQUEST_FAILED;
 }
 

@@ -123,10 +123,9 @@ struct mk_control {
     mk_u32 wgmma_held, wgmma_pos;
     mk_u8 wgmma_page[MK_WGMMA_PAGES];
     /* the first MK_TABLE_HEAD entries of the invocation's tensor table, copied by the loader
-     * at a launch's entry (megakernel.cu); head_n of them are the table's (0: none, read
+     * at a launch's entry (megakernel.cu, mk_loader's first_fetched; the resident kernel reads
      * every descriptor from global memory) */
     alignas(16) mk_tensor table_head[MK_TABLE_HEAD];
-    mk_u32 head_n;
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");

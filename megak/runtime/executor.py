@@ -314,6 +314,20 @@ class CudaExecutor:
         self._host_timeout_s = value
 
     # -- set-up ------------------------------------------------------------------------------------
+    def _variant_defines(self, trace: bool, wgmma_only: int, bodies: int | None,
+                         resident: bool) -> dict | None:
+        """The compile defines of one build (what _variant compiles and compile_resident
+        fills the cache with: one statement of them, so both name the same build)."""
+        from .compiler import bodies_defines
+        defines = {}
+        if trace:
+            defines["MK_TRACE"] = 1
+        if wgmma_only:
+            defines["MK_WGMMA_ONLY"] = wgmma_only
+        if bodies is not None:
+            defines.update(bodies_defines(bodies, resident))
+        return defines or None
+
     def _variant(self, trace: bool, wgmma_only: int = 0, resident_bodies: int | None = None
                  ) -> tuple:
         """(compiled, object code, kernel, kernel info) of the plain, the MK_TRACE=1 or the
@@ -327,15 +341,10 @@ class CudaExecutor:
         if key not in self._variants:
             from cuda.core import ObjectCode
 
-            from .compiler import bodies_defines, compile_megakernel
-            defines = {}
-            if trace:
-                defines["MK_TRACE"] = 1
-            if wgmma_only:
-                defines["MK_WGMMA_ONLY"] = wgmma_only
-            if bodies is not None:
-                defines.update(bodies_defines(bodies, resident))
-            compiled = compile_megakernel(arch=self.info["arch"], defines=defines or None)
+            from .compiler import compile_megakernel
+            compiled = compile_megakernel(
+                arch=self.info["arch"],
+                defines=self._variant_defines(trace, wgmma_only, bodies, resident))
             code = ObjectCode.from_cubin(compiled.cubin)
             kernel = code.get_kernel("megakernel")
             kinfo = self._configure_kernel(kernel)
@@ -833,8 +842,9 @@ class CudaExecutor:
     def compile_resident(self, bodies: int) -> None:
         """Compile the resident build of `bodies` into the disk cache (NVRTC only, no module
         loaded): what resident_function loads later."""
-        from .compiler import bodies_defines, compile_megakernel
-        compile_megakernel(arch=self.info["arch"], defines=bodies_defines(bodies, True))
+        from .compiler import compile_megakernel
+        compile_megakernel(arch=self.info["arch"],
+                           defines=self._variant_defines(False, 0, bodies, True))
 
     def resident_function(self, smem_bytes: int, bodies: int):
         """The resident entry (megakernel_resident) of a build holding the op bodies `bodies`

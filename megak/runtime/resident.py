@@ -172,6 +172,9 @@ class ResidentKernel:
         if union == self.bodies:
             return
         self._module_of.compile_resident(union)   # NVRTC only: the kernel keeps serving
+        # notice an idle exit first: a close posted to a kernel that has left would launch
+        # the narrower build once more only to serve that close
+        self.kick()
         if self.running and self.stopped is None:
             close = self.post(0, 0, 0, time.monotonic() + limit_s)
             if not self.wait_left(limit_s):
