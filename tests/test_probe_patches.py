@@ -45,7 +45,9 @@ def test_every_stream_loop_cut_applies(source):
 
 def test_every_request_mark_applies(source):
     probe = importlib.import_module("probe_request_marks")
-    assert "mk_probe_marks" in probe.patch(source)
+    out = probe.patch(source)
+    assert "mk_probe_marks" in out
+    assert out.count("MKL(mk_probe_layer_start") == 1 and out.count("MKL(mk_probe_layer_end") == 1
 
 
 def test_the_page_leak_records_apply(source):

@@ -9,6 +9,11 @@ It compiles the megakernel with %globaltimer marks inserted at fixed points of t
 (block 0's set-up, the loader's steps, the op, the join, each step of mk_finish_invocation,
 and the relay's take and publish), keyed by the run's ticket, in a __device__ array read back
 with cuModuleGetGlobal; then prints the median time between consecutive marks over 64 calls.
+For a graph of several ops (the chain) it also prints each op's share, from per-op marks of
+every instruction (its earliest op start, its latest signal): from the run's set-up (a
+launch) or block 0's "go seen" (a request) to op 0's first start, op 0, then each op from
+the previous one's last signal to its own, then to the status read: where a resident
+request of the chain spends the ~5 us more than a launch (benchmarks/ANALYSIS.md).
 The marks are inserted by text replacement at anchor lines of megakernel.cu: when the source
 changes, an anchor that no longer matches fails loudly (AssertionError naming it).
 
@@ -33,7 +38,14 @@ def patch(src):
         src_[0] = src_[0].replace(anchor, new)
     src_ = [src]
     hdr = ('__device__ unsigned long long mk_probe_marks[64 * 32];\n'
-           '#define MKP(i, tk) (mk_probe_marks[((tk) & 63u) * 32u + (i)] = mk_globaltimer())\n')
+           '#define MKP(i, tk) (mk_probe_marks[((tk) & 63u) * 32u + (i)] = mk_globaltimer())\n'
+           # per ticket and graph op (layer; ops past 31 share the last): the earliest op start
+           # over its instructions (stored inverted, so that atomicMax keeps the minimum) and
+           # the latest signal; RED instructions, nothing waits for them
+           '__device__ unsigned long long mk_probe_layer_start[64 * 32];\n'
+           '__device__ unsigned long long mk_probe_layer_end[64 * 32];\n'
+           '#define MKL(arr, tk, op, v) atomicMax(&arr[((tk) & 63u) * 32u + ((op) < 31u ? (op) : 31u)], '
+           '(unsigned long long)(v))\n')
     # after sync.cuh's globaltimer definition: put the header right before mk_stop
     rep('__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n',
         hdr + '__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n')
@@ -67,9 +79,12 @@ def patch(src):
         '        error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0\'s */\n        if (lane == 0 && blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(20, ctl.ticket);\n')
     # compute: op start, op signalled
     rep('        mk_op_run(s.ins, s.operand, pages);\n        /* C3 */\n',
-        '        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(7, ctl.ticket);\n        mk_op_run(s.ins, s.operand, pages);\n        /* C3 */\n')
+        '        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(7, ctl.ticket);\n'
+        '        if (tid == 0) MKL(mk_probe_layer_start, ctl.ticket, (mk_u32)s.ins.op_index, ~mk_globaltimer());\n'
+        '        mk_op_run(s.ins, s.operand, pages);\n        /* C3 */\n')
     rep('        if (tid == 0)\n            mk_compute_signal(q);\n',
-        '        if (tid == 0) {\n            mk_compute_signal(q);\n            if (blockIdx.x == 0 && q == 0) MKP(8, ctl.ticket);\n        }\n')
+        '        if (tid == 0) {\n            mk_compute_signal(q);\n            if (blockIdx.x == 0 && q == 0) MKP(8, ctl.ticket);\n'
+        '            MKL(mk_probe_layer_end, ctl.ticket, (mk_u32)s.ins.op_index, mk_globaltimer());\n        }\n')
     # joined
     rep('        if (what != MK_REQUEST_SKIP)\n            mk_finish_invocation(ctl.params, ctl.ticket, res, s);\n',
         '        if (blockIdx.x == 0) MKP(9, ctl.ticket);\n        if (what != MK_REQUEST_SKIP)\n            mk_finish_invocation(ctl.params, ctl.ticket, res, s);\n')
@@ -102,9 +117,10 @@ NAMES = {0: "relay: entry taken", 1: "relay: previous closed", 2: "go published"
          19: "loader: stages, pages", 20: "loader: waits done"}
 
 
-def marks_of(ex, func=None):
-    """The marks of the program's launched build, or of the module holding `func` (the
-    resident kernel runs a build of its own: MK_RESIDENT)."""
+def _global(ex, func, name: bytes):
+    """(driver bindings, device address) of the __device__ array `name` in the program's
+    launched build, or in the module holding `func` (the resident kernel runs a build of its
+    own: MK_RESIDENT)."""
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
     drv = _bindings()
@@ -112,18 +128,58 @@ def marks_of(ex, func=None):
         _, code, _, _ = ex._variant(False)
         _, func = kernel_handles(code.get_kernel("megakernel"))
     _, mod = drv.cuFuncGetModule(func)
-    err, dptr, _ = drv.cuModuleGetGlobal(mod, b"mk_probe_marks")
+    err, dptr, _ = drv.cuModuleGetGlobal(mod, name)
     assert int(err) == 0, err
+    return drv, dptr
+
+
+def _read(ex, func, name: bytes) -> np.ndarray:
+    drv, dptr = _global(ex, func, name)
     host = np.zeros(64 * 32, dtype=np.uint64)
     drv.cuCtxSynchronize()
     drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)
-    return host.reshape(64, 32).astype(np.int64), (drv, dptr)
+    return host.reshape(64, 32)
+
+
+def marks_of(ex, func=None):
+    """The marks, per ticket (64 x 32), of the launched build or of the module of `func`."""
+    return _read(ex, func, b"mk_probe_marks").astype(np.int64), _global(ex, func, b"mk_probe_marks")
+
+
+def layers_of(ex, func=None):
+    """Per ticket and graph op (64 x 32): the earliest op start of its instructions and the
+    latest signal, 0 where none ran."""
+    start = _read(ex, func, b"mk_probe_layer_start")
+    start = np.where(start != 0, ~start, 0).astype(np.int64)
+    return start, _read(ex, func, b"mk_probe_layer_end").astype(np.int64)
 
 
 def clear(ex, func=None):
-    m, (drv, dptr) = marks_of(ex, func)
-    drv.cuMemsetD8(dptr, 0, 64 * 32 * 8)
+    for name in (b"mk_probe_marks", b"mk_probe_layer_start", b"mk_probe_layer_end"):
+        drv, dptr = _global(ex, func, name)
+        drv.cuMemsetD8(dptr, 0, 64 * 32 * 8)
     drv.cuCtxSynchronize()
+
+
+def report_layers(title, m, layers, anchor, n_ops):
+    """The graph's ops one after the other (a chain's layers): from the request's anchor mark
+    to op 0's first start, op 0 from its first start to its last signal, each later op from
+    the previous one's last signal to its own, then to the status read; medians over the
+    calls whose every mark is there (us)."""
+    start, end = layers
+    ok = [t for t in range(64) if m[t, anchor] and m[t, 10] and start[t, 0]
+          and all(end[t, i] for i in range(n_ops))]
+    if not ok:
+        print(f"  {title}: no complete call")
+        return
+    def med_us(vals):
+        return statistics.median(vals) / 1e3
+    steps = [("-> op 0 start", [start[t, 0] - m[t, anchor] for t in ok]),
+             ("op 0", [end[t, 0] - start[t, 0] for t in ok])]
+    steps += [(f"op {i}", [end[t, i] - end[t, i - 1] for t in ok]) for i in range(1, n_ops)]
+    steps.append(("-> status read", [m[t, 10] - end[t, n_ops - 1] for t in ok]))
+    print(f"  {title} by op ({len(ok)} calls, us): " +
+          "  ".join(f"{name} {med_us(v):.2f}" for name, v in steps))
 
 
 def report(title, m, order, host_us=None):
@@ -187,6 +243,9 @@ def main():
         t = med(lambda: prog.run(out=outs, **inputs), 64)
         m, _ = marks_of(ex)
         report(f"{name}: prog.run (launch)", m, launch_order, t)
+        n_ops = int(prog.plan.instrs["op_index"].max()) + 1 if len(prog.plan.instrs) else 0
+        if n_ops > 1:
+            report_layers("launch", m, layers_of(ex), 15, min(n_ops, 32))
         # back to back launches
         clear(ex)
         t0 = time.perf_counter_ns()
@@ -215,6 +274,8 @@ def main():
             t = med(post_spin, 64)
             m, _ = marks_of(ex, k._func)
             report(f"{name}: resident post+spin", m, resident_order, t)
+            if n_ops > 1:
+                report_layers("resident", m, layers_of(ex, k._func), 3, min(n_ops, 32))
             t2 = med(lambda: r.submit(prog, out=outs, **inputs).wait(), 200)
             print(f"  submit+wait from Python: {t2:.2f} us")
         prog.close()
