@@ -2,8 +2,9 @@
 """One small mixed graph through the CUDA backend, checked against float64: the workload
 `tools/sanitize.sh` runs under compute-sanitizer. It touches every path of the megakernel:
 an fp32 gemm -> transpose -> copy, and in bf16 a chain of two GEMMs of 16 rows (streamed
-GEMMs loading their weights themselves: the program's wgmma GEMMs leave no pages for a ring)
-plus a 128-row
+GEMMs loading their weights themselves: the program's wgmma GEMMs leave no pages for a ring;
+narrow bands) and one of 40 rows on the same weights (wide bands: row bands of two m16
+tiles and of one), plus a 128-row
 tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
 the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16,
 and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh),
