@@ -2,8 +2,8 @@
 """Probe: where one call's device time goes, step by step, for a launched run and for a
 resident request, on a (1, 32) copy, on a program with no instruction and on the
 W7-call-mlp1024 chain (16 bf16 layers, hidden 1024, batch 16: its instructions on many SMs,
-so only the ends are marked: block 0's entry or the relay's take, and the steps of the last
-block's finish).
+so the step marks are its ends, block 0's entry or the relay's take and the steps of the
+last block's finish, and each op's share comes from the per-op marks below).
 
 It compiles the megakernel with %globaltimer marks inserted at fixed points of the path
 (block 0's set-up, the loader's steps, the op, the join, each step of mk_finish_invocation,

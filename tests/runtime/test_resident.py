@@ -165,8 +165,9 @@ def test_it_runs_its_programs_bodies_and_a_wider_build_for_an_added_one(rng):
         with megak.resident(a, idle_s=30) as r:
             k = r._kernel
             assert k.bodies == a._executor.bodies
-            built = compiler.compile_megakernel(a._executor.info["arch"],
-                                                defines=compiler.bodies_defines(k.bodies, True))
+            built = compiler.compile_megakernel(
+                a._executor.info["arch"],
+                defines=a._executor._variant_defines(False, 0, k.bodies, True))
             names = " ".join(compiler.code_sizes(built.cubin))
             assert "megakernel_resident" in names and "mk_gemm" not in names, names
             cases[0].poison()
