@@ -28,6 +28,7 @@ import numpy as np
 
 import megak
 from megak.runtime import compiler
+from probe_stream_stages import module_global   # tools/, beside this file
 
 
 def patch(src):
@@ -117,46 +118,31 @@ NAMES = {0: "relay: entry taken", 1: "relay: previous closed", 2: "go published"
          19: "loader: stages, pages", 20: "loader: waits done"}
 
 
-def _global(ex, func, name: bytes):
-    """(driver bindings, device address) of the __device__ array `name` in the program's
-    launched build, or in the module holding `func` (the resident kernel runs a build of its
-    own: MK_RESIDENT)."""
-    from megak.runtime.driver import _bindings
-    from megak.runtime.executor import kernel_handles
-    drv = _bindings()
-    if func is None:
-        _, code, _, _ = ex._variant(False)
-        _, func = kernel_handles(code.get_kernel("megakernel"))
-    _, mod = drv.cuFuncGetModule(func)
-    err, dptr, _ = drv.cuModuleGetGlobal(mod, name)
-    assert int(err) == 0, err
-    return drv, dptr
-
-
-def _read(ex, func, name: bytes) -> np.ndarray:
-    drv, dptr = _global(ex, func, name)
+def _read(prog, func, name: bytes) -> np.ndarray:
+    drv, dptr = module_global(prog, name, func)
     host = np.zeros(64 * 32, dtype=np.uint64)
     drv.cuCtxSynchronize()
     drv.cuMemcpyDtoH(host.ctypes.data, dptr, host.nbytes)
     return host.reshape(64, 32)
 
 
-def marks_of(ex, func=None):
-    """The marks, per ticket (64 x 32), of the launched build or of the module of `func`."""
-    return _read(ex, func, b"mk_probe_marks").astype(np.int64), _global(ex, func, b"mk_probe_marks")
+def marks_of(prog, func=None):
+    """The marks, per ticket (64 x 32), of the launched build or of the module of `func` (the
+    resident kernel runs a build of its own: MK_RESIDENT)."""
+    return _read(prog, func, b"mk_probe_marks").astype(np.int64)
 
 
-def layers_of(ex, func=None):
+def layers_of(prog, func=None):
     """Per ticket and graph op (64 x 32): the earliest op start of its instructions and the
     latest signal, 0 where none ran."""
-    start = _read(ex, func, b"mk_probe_layer_start")
+    start = _read(prog, func, b"mk_probe_layer_start")
     start = np.where(start != 0, ~start, 0).astype(np.int64)
-    return start, _read(ex, func, b"mk_probe_layer_end").astype(np.int64)
+    return start, _read(prog, func, b"mk_probe_layer_end").astype(np.int64)
 
 
-def clear(ex, func=None):
+def clear(prog, func=None):
     for name in (b"mk_probe_marks", b"mk_probe_layer_start", b"mk_probe_layer_end"):
-        drv, dptr = _global(ex, func, name)
+        drv, dptr = module_global(prog, name, func)
         drv.cuMemsetD8(dptr, 0, 64 * 32 * 8)
     drv.cuCtxSynchronize()
 
@@ -239,21 +225,21 @@ def main():
         print(f"== {name}: n_sm {prog.plan.n_sm}, instructions {len(prog.plan.instrs)}")
         prog.run(out=outs, **inputs)
         torch.cuda.synchronize()
-        clear(ex)
+        clear(prog)
         t = med(lambda: prog.run(out=outs, **inputs), 64)
-        m, _ = marks_of(ex)
+        m = marks_of(prog)
         report(f"{name}: prog.run (launch)", m, launch_order, t)
         n_ops = int(prog.plan.instrs["op_index"].max()) + 1 if len(prog.plan.instrs) else 0
         if n_ops > 1:
-            report_layers("launch", m, layers_of(ex), 15, min(n_ops, 32))
+            report_layers("launch", m, layers_of(prog), 15, min(n_ops, 32))
         # back to back launches
-        clear(ex)
+        clear(prog)
         t0 = time.perf_counter_ns()
         hs = [prog.launch(out=outs, **inputs) for _ in range(64)]
         for h in hs:
             h.wait()
         per = (time.perf_counter_ns() - t0) / 64 / 1e3
-        m, _ = marks_of(ex)
+        m = marks_of(prog)
         ent = sorted(int(r[14]) for r in m if r[14])
         end = sorted(int(r[12]) for r in m if r[12])
         gaps = [ent[i + 1] - end[i] for i in range(len(ent) - 1)]
@@ -264,7 +250,7 @@ def main():
             k = r._kernel
             r.submit(prog, out=outs, **inputs).wait()
             call, params, table_ptr, _ = prog._prepare_request(inputs, outs)
-            clear(ex, k._func)
+            clear(prog, k._func)
 
             def post_spin():
                 tk = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
@@ -272,10 +258,10 @@ def main():
                 while not ex.done(tk):
                     pass
             t = med(post_spin, 64)
-            m, _ = marks_of(ex, k._func)
+            m = marks_of(prog, k._func)
             report(f"{name}: resident post+spin", m, resident_order, t)
             if n_ops > 1:
-                report_layers("resident", m, layers_of(ex, k._func), 3, min(n_ops, 32))
+                report_layers("resident", m, layers_of(prog, k._func), 3, min(n_ops, 32))
             t2 = med(lambda: r.submit(prog, out=outs, **inputs).wait(), 200)
             print(f"  submit+wait from Python: {t2:.2f} us")
         prog.close()

@@ -766,14 +766,16 @@ def compile_parts(g, hidden, parts):
         gemm.stream_split = rule
 
 
-def module_global(prog, name: bytes):
+def module_global(prog, name: bytes, func=None):
     """(driver bindings, device address) of the __device__ variable `name` in the module of
-    prog's megakernel (its plain build)."""
+    prog's megakernel (its plain build), or in the module holding kernel `func` (a resident
+    kernel's build)."""
     from megak.runtime.driver import _bindings
     from megak.runtime.executor import kernel_handles
     drv = _bindings()
-    _, code, _, _ = prog._executor._variant(False)
-    _, func = kernel_handles(code.get_kernel("megakernel"))
+    if func is None:
+        _, code, _, _ = prog._executor._variant(False)
+        _, func = kernel_handles(code.get_kernel("megakernel"))
     _, mod = drv.cuFuncGetModule(func)
     err, dptr, _ = drv.cuModuleGetGlobal(mod, name)
     assert int(err) == 0, err
