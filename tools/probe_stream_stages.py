@@ -544,10 +544,15 @@ _EPI_TWICE = [_epilogue_twice(c) for c in _EPILOGUE_CALLS]
 # The reduce run twice by one loop (same sums, the hold raised twice): mark 19 is then the
 # second pass's first barrier, so reduce:warps is the first pass and reduce:sum the second's
 # work, on code the first pass fetched.
-_REDUCE_LOOP = [("    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n",
+_REDUCE_LOOP = [("        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n",
                  "    {\n#pragma unroll 1\n"
                  "    for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass)\n"
                  "        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n"
+                 "    }\n"),
+                ("        mk_stream_reduce_narrow(pages, acc, true, sums);\n",
+                 "    {\n#pragma unroll 1\n"
+                 "    for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass)\n"
+                 "        mk_stream_reduce_narrow(pages, acc, true, sums);\n"
                  "    }\n")]
 
 # The reduce's sum over the 8 warps' partials as a loop (one body per column pair instead of
@@ -559,8 +564,8 @@ _REDUCE_ROLLED = [("#pragma unroll\n                for (int w = 0; w < MK_STREA
 # the column pairs past its width: half the shared stores, loads and adds, and the code they
 # take (branched over). Correct results.
 _REDUCE_HALF = [
-    ("                                                 float2 (&sums)[2][2])\n",
-     "                                                 float2 (&sums)[2][2], int cols = 64)\n"),
+    ("bool direct,\n                                                 float2 (&sums)[2][2])\n",
+     "bool direct,\n                                                 float2 (&sums)[2][2], int cols = 64)\n"),
     ("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);",
      "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums, in.cols);"),
     ("        for (int n8 = 0; n8 < 8; ++n8)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n",
@@ -643,7 +648,10 @@ _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
      * (stream.cuh, "The hold") */
     const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+        mk_stream_reduce_narrow(pages, acc, true, sums);
+    else
+        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     pages.release(1, 3);
     if (direct)
         mk_stream_store_direct(in, op, sums);
@@ -656,7 +664,10 @@ _RUN_TAIL_MARKED = """    const bool mkp_on = pages.stream_stages > 0 && threadI
     mk_trace_mark(MK_T_COMPUTED);
     const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+        mk_stream_reduce_narrow(pages, acc, true, sums);
+    else
+        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     if (mkp_on) MKP(pages.stream_pos, 6);
     pages.release(1, 3);
     const bool mkp_last = direct || mk_stream_combine(in, op, pages);

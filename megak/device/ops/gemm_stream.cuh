@@ -92,6 +92,10 @@
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
 
+#ifndef MK_NARROW_REDUCE
+#define MK_NARROW_REDUCE 1   /* probe switch (tools/probe_narrow_reduce.py): 0 = mk_stream_reduce */
+#endif
+
 enum {
     MK_STREAM_WARPS = MK_THREADS / 32,
     MK_STREAM_PART_LD = 64,      /* floats per row of a warp's partial (64 columns) */
@@ -578,6 +582,50 @@ __device__ __forceinline__ void mk_stream_reduce(const mk_pages& pages, const fl
     }
 }
 
+/* mk_stream_reduce for a narrow band read from the ring (one m16 tile, 32 columns: the 4 n8
+ * tiles of acc[0]): the 8 warps' partials, 2 KiB each, go to page 2, which the ring's k loop
+ * never touches (A is in pages 0-1), so no barrier comes before they are written; and half
+ * the shared-memory traffic of the 64-column reduce, whose second half a narrow band never
+ * stores. Row r's pair p at p ^ 4 (r & 3): a half warp's float2 stores (rows g, pairs q) and
+ * a warp's row reads each take the fewest wavefronts. Thread t sums row t / 16, pair t % 16
+ * (columns 2 (t % 16), + 1) into sums[0][0]. The hold is raised after the barrier, when every
+ * warp is done with its k loop (as mk_stream_reduce raises it after its first). */
+__device__ __forceinline__ void mk_stream_reduce_narrow(const mk_pages& pages,
+                                                        const float (&acc)[2][8][4], bool hold,
+                                                        float2 (&sums)[2][2])
+{
+    enum { LD = MK_STREAM_NARROW_COLS, SLOT = 16 * LD };   /* floats: a row, a warp's tile */
+    static_assert(MK_STREAM_WARPS * SLOT * 4 == MK_PAGE_BYTES, "8 partials fill page 2");
+    const int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, q = lane & 3;
+    float* const part = pages[2];
+    float* const mine = part + warp * SLOT;
+#pragma unroll
+    for (int n8 = 0; n8 < 4; ++n8)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = g + 8 * h;
+            const int pair = (4 * n8 + q) ^ (4 * (r & 3));
+            *reinterpret_cast<float2*>(mine + r * LD + 2 * pair) =
+                make_float2(acc[0][n8][2 * h], acc[0][n8][2 * h + 1]);
+        }
+    mk_compute_sync();
+    if (hold && tid == 0)   /* every stage of this instruction was read: the rest can wait */
+        mk_stream_hold(mk_ctl(), 1u);
+    const int r = tid >> 4, pc = tid & 15;
+    const int off = r * LD + 2 * (pc ^ (4 * (r & 3)));
+    float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int w = 0; w < MK_STREAM_WARPS; ++w) {
+        const float2 x = *reinterpret_cast<const float2*>(part + w * SLOT + off);
+        v.x += x.x;
+        v.y += x.y;
+    }
+    sums[0][0] = v;
+    sums[0][1] = sums[1][0] = sums[1][1] = make_float2(0.f, 0.f);
+    mk_compute_sync();   /* every thread's reads done before page 2 goes back */
+}
+
 /* A band of one part (every narrow band, and any band whose k range the lowering did not
  * split): thread t's sums from mk_stream_reduce through the epilogue straight to the output,
  * rows t / 16 and 16 + t / 16, column pairs t % 16 and t % 16 + 16. No staging rows, no
@@ -706,7 +754,10 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
      * (stream.cuh, "The hold") */
     const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+        mk_stream_reduce_narrow(pages, acc, true, sums);
+    else
+        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
     pages.release(1, 3);
     if (direct)
         mk_stream_store_direct(in, op, sums);
