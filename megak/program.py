@@ -267,22 +267,23 @@ class Program:
             self._calls.popitem()[1].release_guards()
 
     def _prepare_request(self, inputs: dict, out, looked_up: tuple | None = None) -> tuple:
-        """A resident kernel's request (megak.resident): the checked call, and the params
-        block, tensor table and ticket to post, through the same call cache as launch().
+        """A resident kernel's request (megak.resident): the checked call, and the program's
+        request words (Executor.prepare_request), tensor table and ticket to post, through
+        the same call cache as launch().
         ``looked_up``: what _bound_call already said for these arguments."""
         ex = self._executor
         key, call = looked_up if looked_up is not None else self._bound_call(inputs, out)
         if call is not None:
-            params, table, ticket, _ = ex.prepare_request({}, [], binding=call.binding)
-            return call, params, table, ticket
+            words, table, ticket, _ = ex.prepare_request({}, [], binding=call.binding)
+            return call, words, table, ticket
         call = self._describe(inputs, out)
-        params, table, ticket, binding = ex.prepare_request(call.arrays, call.slots,
-                                                            external=call.external)
+        words, table, ticket, binding = ex.prepare_request(call.arrays, call.slots,
+                                                           external=call.external)
         if call.cacheable:
             self._bind(call, binding)
             if key is not None:
                 self._remember(key, call, inputs, out)
-        return call, params, table, ticket
+        return call, words, table, ticket
 
     def check(self) -> None:
         """Raise the error of a run that failed and was not reported yet (launches never

@@ -201,11 +201,11 @@ class Resident:
                                       f"({kernel.stopped[0]}); close it, then run the programs "
                                       f"directly or start a new one")
             looked_up = call is not None
-            call, params, table, ticket = prog._prepare_request(inputs, out, (key, call))
+            call, words, table, ticket = prog._prepare_request(inputs, out, (key, call))
             if bound is not None and not looked_up:
                 bound._adopt(call)
             deadline = time.monotonic() + prog._executor.host_timeout_s
-            s = kernel.post(params, table, ticket, deadline)
+            s = kernel.post(words, table, ticket, deadline)
             request = Request(self, prog, call, ticket, s, out, inputs)
             if staged:
                 self._staged.setdefault(prog, []).append(request)

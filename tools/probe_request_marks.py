@@ -51,16 +51,16 @@ def patch(src):
     rep('__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n',
         hdr + '__device__ void mk_stop(const mk_params& p, const mk_stop_info& e)\n')
     # relay: seq seen, taken+closed, go published
-    rep('                        ticket = (mk_u32)w2;\n                        taken = true;\n',
-        '                        ticket = (mk_u32)w2;\n                        taken = true;\n                        MKP(0, ticket);\n')
+    rep('                        ticket = (mk_u32)w5;\n                        taken = true;\n',
+        '                        ticket = (mk_u32)w5;\n                        taken = true;\n                        MKP(0, ticket);\n')
     rep('            if (reason == 0 && params == 0ull)\n                reason = MK_RESIDENT_CLOSED;\n',
         '            if (reason == 0 && params == 0ull)\n                reason = MK_RESIDENT_CLOSED;\n            MKP(1, ticket);\n')
     rep('            mk_st_release(&res->go, s);\n', '            mk_st_release(&res->go, s);\n            MKP(2, ticket);\n')
     # block: go seen (after fence), params read, ready
     rep('    mk_fence_acquire();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n',
         '    mk_fence_acquire();\n    const mk_u64 pr_t3 = mk_globaltimer();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n')
-    rep('    const mk_u32 ticket = m->ticket;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n',
-        '    const mk_u32 ticket = m->ticket;\n    if (blockIdx.x == 0) mk_probe_marks[(ticket & 63u) * 32u + 3u] = pr_t3;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n')
+    rep('    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n',
+        '    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n    if (blockIdx.x == 0) mk_probe_marks[(ticket & 63u) * 32u + 3u] = pr_t3;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n')
     rep('    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n',
         '    if (blockIdx.x == 0 && q_begin + run.x + run.y != 0xffffffffu) MKP(4, ticket);\n    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n')
     rep('            mk_take_request(a, s);\n            mk_mbar_arrive(&ctl.request_ready);\n',

@@ -370,17 +370,24 @@ enum mk_resident_limits {
     MK_RESIDENT_IDLE = 2,
     MK_RESIDENT_FAILED = 3,
     MK_RESIDENT_LOST = 4,      /* a request did not end within the relay's deadline */
-    MK_REQUEST_TAG_SHIFT = 48  /* where the ring's address words carry s & 0xffff (below) */
+    MK_REQUEST_TAG_SHIFT = 48, /* where the ring's address words carry s & 0xffff (below) */
+    MK_REQUEST_N_SM_SHIFT = 16 /* where the ring's n_sm word carries it */
 };
 
 /* One request: an invocation of a program (its params block) on a tensor table. In the
  * host's ring each 8-byte word names the request it belongs to, so that the relay can read
- * all three in one round trip and know that they belong together (megakernel.cu, mk_relay):
- * params and tensors carry s & 0xffff in their top 16 bits (device addresses stay below
- * 2^48), and (ticket, seq) is one word. The mirror holds the plain values. */
+ * them all in one round trip and know that they belong together (megakernel.cu, mk_relay):
+ * the four addresses carry s & 0xffff in their top 16 bits (device addresses stay below
+ * 2^48), n_sm carries it in its top 16 bits, and (ticket, seq) is one word. The mirror holds
+ * the plain values. queue_start, run_state and n_sm repeat the params block's, so that a
+ * block reads its queue bounds and the run state beside the params, not after them. */
 typedef struct mk_request {
     mk_u64 params;        /* the program's mk_params (device address); 0: leave */
     mk_u64 tensors;       /* the tensor table of this request */
+    mk_u64 queue_start;   /* params->queue_start */
+    mk_u64 run_state;     /* params->run_state */
+    mk_u32 n_sm;          /* params->n_sm (below 2^16) */
+    mk_u32 pad;
     mk_u32 ticket;        /* the program's ticket for it (its host view reports it) */
     mk_u32 seq;           /* the request's number; the host writes it last */
 } mk_request;

@@ -1014,11 +1014,6 @@ __device__ __forceinline__ uint2 mk_run_of_state(const mk_run_state* run_state)
     return make_uint2(rs->epoch, rs->stamp);
 }
 
-__device__ __forceinline__ uint2 mk_run_of(const mk_params& p)
-{
-    return mk_run_of_state(reinterpret_cast<const mk_run_state*>(p.run_state));
-}
-
 enum { MK_LOADER_REGS = 56, MK_COMPUTE_REGS = 224 };
 static_assert(MK_BLOCK_THREADS == MK_THREADS + 128, "the loader is one warpgroup");
 static_assert(MK_LOADER_REGS * 128 + MK_COMPUTE_REGS * MK_THREADS <= 65536,
@@ -1122,8 +1117,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  * Launched once (cooperatively, one block per SM), it serves requests: each one invocation of
  * a program, as megakernel() would run it, in the order the host numbered them.
  *
- *   host        ring[s % MK_RING_SLOTS] = {params, tensors, (ticket, seq = s)}, each word
- *               tagged with s, (ticket, seq) last
+ *   host        ring[s % MK_RING_SLOTS] = {params, tensors, queue_start, run_state, n_sm,
+ *               (ticket, seq = s)}, each word tagged with s, (ticket, seq) last
  *   relay       the last block, warp 9 (mk_relay): takes request s from the ring once
  *               request s - 1 is closed, republishes it in device memory (mirror, go = s)
  *   every block thread 0 waits for go to reach s, reads the mirror (mk_take_request);
@@ -1137,8 +1132,8 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  * poller and an L2 hop, 4.7 us.
  *
  * Ordering:
- *   - host -> relay: the host writes an entry's three words, (ticket, seq) last, each tagged
- *     with its request (instr.h, mk_request). The relay loads all three in one round
+ *   - host -> relay: the host writes an entry's six words, (ticket, seq) last, each tagged
+ *     with its request (instr.h, mk_request). The relay loads all six in one round
  *     trip, in no guaranteed order, and takes the entry only when every word names request
  *     s: a word read before the host rewrote it names s - MK_RING_SLOTS (or 0 in a fresh
  *     ring), so the relay never mixes two requests' words and polls again instead. The load
@@ -1147,7 +1142,10 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  *     the blocks'.
  *   - relay -> blocks: the mirror entry's writes, then st.release go; a block's relaxed poll
  *     of go reaching s, then fence.acquire (which also invalidates its SM's L1: tensor
- *     tables and params the host wrote since are read fresh), then the entry.
+ *     tables and params the host wrote since are read fresh), then the entry. The entry's
+ *     queue_start, run_state and n_sm are the params block's own (the host posts them from
+ *     the program that owns it), so a block reads the same buffers a launch does, in one
+ *     round trip with the params instead of after them.
  *   - mirror reuse: a block writes seen[b] = s (release) after reading entry s; the relay
  *     overwrites slot s % MK_MIRROR_SLOTS only once every block's seen has reached
  *     s - MK_MIRROR_SLOTS (relaxed reads, then fence.acquire).
@@ -1185,20 +1183,22 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
     mk_fence_acquire();
     const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];
     const mk_u64 params = m->params, tensors = m->tensors;
-    const mk_u32 ticket = m->ticket;
+    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(m->queue_start);
+    const mk_run_state* run_state = reinterpret_cast<const mk_run_state*>(m->run_state);
+    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;
     mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);
     if (params == 0ull) {
         ctl.request = MK_REQUEST_LEAVE;
         return;
     }
-    /* one copy of the program's params (its loads in flight together), then the queue bounds
-     * and the epoch (in flight together): two round trips on the request's path */
+    /* the program's params, this block's queue bounds and the run state: all loads in flight
+     * together (the request names all three buffers, instr.h mk_request), one round trip
+     * after the mirror's, as a launch's set-up after its kernel parameters */
+    const mk_u32 b = blockIdx.x;
     ctl.params = *reinterpret_cast<const mk_params*>(params);
-    const mk_u32 n_sm = ctl.params.n_sm, b = blockIdx.x;
-    const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(ctl.params.queue_start);
     const mk_u32 q_begin = b < n_sm ? queue_start[b] : 0u;
     const mk_u32 q_end = b < n_sm ? queue_start[b + 1] : 0u;
-    const uint2 run = mk_run_of(ctl.params);
+    const uint2 run = mk_run_of_state(run_state);
     if (!mk_block_active(b, n_sm, q_begin, q_end)) {
         ctl.request = MK_REQUEST_SKIP;
         return;
@@ -1239,14 +1239,15 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
     const mk_u32 grid = gridDim.x;
     mk_u32 safe = a.first - 1u;     /* every block has read the requests up to here */
     for (mk_u32 s = a.first;; ++s) {
-        mk_u64 params = 0, tensors = 0;
-        mk_u32 ticket = 0, reason = 0;
+        mk_u64 params = 0, tensors = 0, queue_start = 0, run_state = 0;
+        mk_u32 ticket = 0, n_sm = 0, reason = 0;
         /* R1. request s from the ring, and request s - 1 closed; the idle clock runs only
          * while nothing is running and nothing is asked */
         if (lane == 0) {
             const mk_request* e = reinterpret_cast<const mk_request*>(a.ring) + s % MK_RING_SLOTS;
             const mk_u64 tag = (mk_u64)(s & 0xffffu) << MK_REQUEST_TAG_SHIFT;
             const mk_u64 tag_mask = 0xffffull << MK_REQUEST_TAG_SHIFT;
+            const mk_u32 n_sm_tag = (s & 0xffffu) << MK_REQUEST_N_SM_SHIFT;
             bool taken = false, closed = false;
             const mk_u64 start = mk_globaltimer();
             mk_u64 idle_since = 0;
@@ -1260,13 +1261,21 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
                 if (!taken && (closed || first_round)) {
                     const mk_u64 w0 = mk_ld_relaxed_sys_u64(&e->params);
                     const mk_u64 w1 = mk_ld_relaxed_sys_u64(&e->tensors);
-                    const mk_u64 w2 = mk_ld_acquire_sys_u64(
+                    const mk_u64 w2 = mk_ld_relaxed_sys_u64(&e->queue_start);
+                    const mk_u64 w3 = mk_ld_relaxed_sys_u64(&e->run_state);
+                    const mk_u32 w4 = (mk_u32)mk_ld_relaxed_sys_u64(
+                        reinterpret_cast<const mk_u64*>(&e->n_sm));     /* n_sm | pad << 32 */
+                    const mk_u64 w5 = mk_ld_acquire_sys_u64(
                         reinterpret_cast<const mk_u64*>(&e->ticket));   /* ticket | seq << 32 */
-                    if ((mk_u32)(w2 >> 32) == s && (w0 & tag_mask) == tag &&
-                        (w1 & tag_mask) == tag) {
+                    if ((mk_u32)(w5 >> 32) == s && (w0 & tag_mask) == tag &&
+                        (w1 & tag_mask) == tag && (w2 & tag_mask) == tag &&
+                        (w3 & tag_mask) == tag && (w4 & 0xffff0000u) == n_sm_tag) {
                         params = w0 & ~tag_mask;
                         tensors = w1 & ~tag_mask;
-                        ticket = (mk_u32)w2;
+                        queue_start = w2 & ~tag_mask;
+                        run_state = w3 & ~tag_mask;
+                        n_sm = w4 & 0xffffu;
+                        ticket = (mk_u32)w5;
                         taken = true;
                     }
                 }
@@ -1316,6 +1325,9 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
             volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];
             m->params = reason != 0 ? 0ull : params;
             m->tensors = tensors;
+            m->queue_start = queue_start;
+            m->run_state = run_state;
+            m->n_sm = n_sm;
             m->ticket = ticket;
             m->seq = s;
             mk_st_release(&res->go, s);

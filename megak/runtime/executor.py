@@ -617,6 +617,10 @@ class CudaExecutor:
         self._argv = (ctypes.c_void_p * 5)(base, base + 8, ctypes.addressof(self._arg_ticket),
                                            state, state + 8)
         self._argv_addr = ctypes.addressof(self._argv)
+        # what a resident request names of this program (instr.h mk_request): the same
+        # buffers, so that a block reads its queue bounds and the run state beside the params
+        self._request_words = (self._dev_buf["params"].ptr, self._dev_buf["queue_start"].ptr,
+                               self._run_state.ptr, self.plan.n_sm)
         self._function = self._variant(False)[3]["function"]
         self.last_variant = None   # the kernel of the last launch: "general", "trace" or
                                    # "wgmma_only" (device/pages.cuh, MK_WGMMA_ONLY; its
@@ -786,7 +790,8 @@ class CudaExecutor:
         copied in (on this executor's stream, beside the running kernel: copies need no SM).
         ``binding``: the table of an earlier identical call (the fast path), else one is
         found or made for ``external``. Returns (params address, tensor table address,
-        ticket, binding)."""
+        ticket, binding), the first as ResidentKernel.post takes it: (params, queue_start,
+        run_state, n_sm)."""
         with self._lock:
             self._current()
             self._check_usable()
@@ -821,7 +826,7 @@ class CudaExecutor:
             table = binding.table_ptr if binding is not None else self._dev_buf["tensors"].ptr
             if outputs:
                 self._pending[self._ticket] = (list(outputs), False, None)
-            return self._dev_buf["params"].ptr, table, self._ticket, binding
+            return self._request_words, table, self._ticket, binding
 
     def finish_request(self, ticket: int) -> dict[int, np.ndarray]:
         """A resident request the device has finished: its error, else its numpy outputs."""

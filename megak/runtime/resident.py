@@ -9,9 +9,9 @@ the first request it did not serve, into the resident view.
 
 Host protocol (the device's half, and the ordering argument, are in megakernel.cu):
   - post request s: wait until ring slot s % MK_RING_SLOTS is free (the kernel has taken
-    request s - MK_RING_SLOTS), write params and tensors, each tagged with s & 0xffff in its
-    top 16 bits, then the word (ticket, seq = s) last: the relay takes the entry only when
-    all three words name s;
+    request s - MK_RING_SLOTS), write params, tensors, queue_start, run_state (each tagged
+    with s & 0xffff in its top 16 bits) and n_sm (tagged in bits 16-31), then the word
+    (ticket, seq = s) last: the relay takes the entry only when all six words name s;
   - ``kick``: when the current launch has left (view.left == its generation): after an idle
     exit with requests still unserved, launch again from view.next; after a failure, a lost
     request or a close, stop: requests from view.next on never run and say so;
@@ -40,6 +40,7 @@ from .driver import CudaError, _bindings, check, device_info
 
 RING_SLOTS = abi.RESIDENT["MK_RING_SLOTS"]
 TAG_SHIFT = abi.RESIDENT["MK_REQUEST_TAG_SHIFT"]
+N_SM_SHIFT = abi.RESIDENT["MK_REQUEST_N_SM_SHIFT"]
 MIRROR_SLOTS = abi.RESIDENT["MK_MIRROR_SLOTS"]
 REASONS = {abi.RESIDENT["MK_RESIDENT_CLOSED"]: "closed",
            abi.RESIDENT["MK_RESIDENT_IDLE"]: "idle",
@@ -117,8 +118,10 @@ class ResidentKernel:
         self.broken: str | None = None
 
     # -- requests ---------------------------------------------------------------------------------
-    def post(self, params: int, tensors: int, ticket: int, deadline: float) -> int:
-        """Write one request (params 0: leave) into the ring; returns its number."""
+    def post(self, program, tensors: int, ticket: int, deadline: float) -> int:
+        """Write one request into the ring; returns its number. ``program``: the words that
+        name the program, (params, queue_start, run_state, n_sm) device addresses and its
+        SM count (Executor.prepare_request), or None: leave."""
         self._memory.make_current()   # any thread may call (Memory.make_current)
         s = self.next
         while not self._slot_free(s):
@@ -130,16 +133,24 @@ class ResidentKernel:
                 raise MegakernelHang(f"cuda: the resident kernel took no request for the host "
                                      f"watchdog's limit; {RING_SLOTS} requests are waiting")
             time.sleep(5e-5)
-        if (params | tensors) >> TAG_SHIFT:
+        params, queue_start, run_state, n_sm = program if program is not None else (0, 0, 0, 0)
+        if (params | tensors | queue_start | run_state) >> TAG_SHIFT:
             raise MegakernelError(f"cuda: a device address above 2^{TAG_SHIFT} "
-                                  f"({max(params, tensors):#x}) cannot be posted: the ring "
-                                  f"words carry their request number there")
+                                  f"({max(params, tensors, queue_start, run_state):#x}) cannot "
+                                  f"be posted: the ring words carry their request number there")
+        if n_sm >> N_SM_SHIFT:
+            raise MegakernelError(f"cuda: a program on {n_sm} SMs cannot be posted: the ring's "
+                                  f"n_sm word carries its request number above bit {N_SM_SHIFT}")
         slot = s % RING_SLOTS
         base64 = slot * _REQ_WORDS // 2
         tag = (s & 0xFFFF) << TAG_SHIFT                 # each word names its request
-        self._ring64[base64 + _REQ["params"] // 2] = params | tag
-        self._ring64[base64 + _REQ["tensors"] // 2] = tensors | tag
-        self._ring64[base64 + _REQ["ticket"] // 2] = ticket | s << 32   # last: (ticket, seq)
+        ring = self._ring64
+        ring[base64 + _REQ["params"] // 2] = params | tag
+        ring[base64 + _REQ["tensors"] // 2] = tensors | tag
+        ring[base64 + _REQ["queue_start"] // 2] = queue_start | tag
+        ring[base64 + _REQ["run_state"] // 2] = run_state | tag
+        ring[base64 + _REQ["n_sm"] // 2] = n_sm | (s & 0xFFFF) << N_SM_SHIFT
+        ring[base64 + _REQ["ticket"] // 2] = ticket | s << 32   # last: (ticket, seq)
         self.next = (s + 1) & _U32
         self.kick()
         return s
@@ -176,7 +187,7 @@ class ResidentKernel:
         # the narrower build once more only to serve that close
         self.kick()
         if self.running and self.stopped is None:
-            close = self.post(0, 0, 0, time.monotonic() + limit_s)
+            close = self.post(None, 0, 0, time.monotonic() + limit_s)
             if not self.wait_left(limit_s):
                 self.broken = (f"the resident megakernel did not leave within {limit_s:g} s "
                                f"of the close request before a wider build")
@@ -268,7 +279,7 @@ class ResidentKernel:
         """Ask the kernel to leave, wait for it (bounded), free what it used."""
         try:
             if self.running and self.broken is None:
-                self.post(0, 0, 0, time.monotonic() + limit_s)
+                self.post(None, 0, 0, time.monotonic() + limit_s)
             if not self.wait_left(limit_s):
                 self.broken = ("the resident megakernel did not leave within "
                                f"{limit_s:g} s of the close request")

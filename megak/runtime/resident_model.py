@@ -10,8 +10,9 @@ argument is the same).
 
   host     post request s: wait until ring slot s % ring_slots is free, i.e. the kernel has
            taken request s - ring_slots (view.taken), or, while no launch runs,
-           s - ring_slots < resume; write the entry's params word (tagged s), then its
-           (ticket, seq = s) word.
+           s - ring_slots < resume; write the entry's params word (tagged s), its program
+           words (queue_start, run_state, n_sm: one step here, each tagged s on the device),
+           then its (ticket, seq = s) word.
            kick: once view.left == generation the launch is over: resume = view.next, and any
            reason but IDLE stops the host for good (requests from view.next on never run,
            `served` says so). Not stopped, not running and requests waiting (resume != next):
@@ -26,10 +27,10 @@ argument is the same).
   relay    the last block, for s = first, first + 1, ...
            R1  wait until the ring entry is request s, and closed == s - 1 (read in one step
                with `failed`: one word on the device; set means FAILED). Each round reads the
-               entry's params word, then its (ticket, seq) word: the device's loads are in
-               flight together and may be performed in either order, and this one can pair a
-               stale word with a new one. The entry is taken only when both words name s
-               (the params word's tag). Steps with request s - 1 closed and request s not
+               entry's params word, its program words, then its (ticket, seq) word: the
+               device's loads are in flight together and may be performed in any order, and
+               this one can pair a stale word with a new one. The entry is taken only when
+               every word names s (the params word's and the program words' tags). Steps with request s - 1 closed and request s not
                there count toward idle_steps (past it: IDLE); steps waiting for closed count
                toward wait_steps when that is set (past it: LOST). A close request (params
                None) means CLOSED. (The device reads the entry in its first round and, after
@@ -37,14 +38,15 @@ argument is the same).
            R2  mirror slot s % mirror_slots is free once every block's seen >= s - mirror_slots.
                The relay caches `safe` (every block has read up to here) and scans only when
                safe < s - mirror_slots, asking first for seen >= s - 1.
-           R3  mirror[s % mirror_slots] = (params, or None when leaving; ticket; seq = s),
-               then go = s.
+           R3  mirror[s % mirror_slots] = (params and program, or None when leaving; ticket;
+               seq = s), then go = s.
            R4  leaving: view.next = s and view.reason, then view.left = generation, and the
                relay ends; otherwise view.taken = s.
   block b  for s = first, first + 1, ...: wait until go >= s; read mirror[s % mirror_slots];
            seen[b] = s; None params: leave. The block is active in the request when
-           b < n_sm and (b == 0 or its queue is non-empty); an active block reads its
-           program's epoch, runs its queue (one step per instruction), then exited += 1; the
+           b < n_sm and (b == 0 or its queue is non-empty), for the n_sm and queue the
+           program words name; an active block reads the epoch of the run state they name,
+           runs its queue (one step per instruction), then exited += 1; the
            last of the program's n_active closes the invocation: epoch + 1 (0 after a
            failure), exited = 0, ticket_done raised to the ticket; then (closed = s,
            failed) in one write. Inactive blocks skip the request.
@@ -61,8 +63,9 @@ left) and checks every actor's reads against it. The rules, numbered as
 `ProtocolViolation.rule` reports them:
 
   1  the relay takes, and every block reads, for each s, the request the host posted as s:
-     the relay never pairs words of two requests, never rewrites a mirror slot some block
-     has not read, and no block reads a stale entry
+     the relay never pairs words of two requests (its program words name its params'
+     program), never rewrites a mirror slot some block has not read, and no block reads a
+     stale entry
      (the blocks all poll one `go`, so the mirror must hold every request some block has
      yet to read);
   2  an active block starts request s only after request s - 1 closed, so it reads the run
@@ -84,6 +87,8 @@ that the tests can show the checks catch it:
   reuse_ring_unchecked    the host rewrites a ring slot without waiting for view.taken;
   untagged_ring           the relay takes the entry on its seq alone, without the params
                           word's tag;
+  untagged_program_words  the relay takes the entry without the program words' tags
+                          (queue_start, run_state, n_sm);
   no_relaunch             the host never launches again after the first launch left;
   widen_clears_any_stop   widen clears whatever stop it finds, a failure's too.
 
@@ -232,12 +237,17 @@ def close() -> tuple:
 # -- shared memory ----------------------------------------------------------------------------
 @dataclass
 class Entry:
-    """A ring or mirror slot (mk_request): params None is a leave. In the ring, `tag` is the
-    request number the params word carries (the device's s & 0xffff)."""
+    """A ring or mirror slot (mk_request): params None is a leave. `program`: the program the
+    queue_start, run_state and n_sm words name (a block reads its queue bounds and run state
+    through them, not through params; None in a leave). In the ring, `tag` and `program_tag`
+    are the request numbers the params word and the program words carry (the device's
+    s & 0xffff)."""
     params: Request | None = None
+    program: int | None = None
     ticket: int = 0
     seq: int = 0
     tag: int = 0
+    program_tag: int = 0
 
 
 @dataclass
@@ -370,7 +380,8 @@ class ResidentModel:
                  wait_steps: int | None = None, publish_before_close: bool = False,
                  reuse_mirror_unchecked: bool = False, blocks_decide_idle: bool = False,
                  reuse_ring_unchecked: bool = False, no_relaunch: bool = False,
-                 untagged_ring: bool = False, widen_clears_any_stop: bool = False):
+                 untagged_ring: bool = False, untagged_program_words: bool = False,
+                 widen_clears_any_stop: bool = False):
         if any(p.n_sm < 1 or p.n_sm > grid for p in programs):
             raise ValueError("every program needs 1..grid blocks")
         self.programs = list(programs)
@@ -383,6 +394,7 @@ class ResidentModel:
         self.reuse_ring_unchecked = reuse_ring_unchecked
         self.no_relaunch = no_relaunch
         self.untagged_ring = untagged_ring
+        self.untagged_program_words = untagged_program_words
         self.widen_clears_any_stop = widen_clears_any_stop
         # shared memory
         self.ring = [Entry() for _ in range(ring_slots)]
@@ -470,8 +482,8 @@ class ResidentModel:
         yield from self._sync()
 
     def _post(self, params: Request | None):
-        """ResidentKernel.post: wait for the slot, the params word, then (ticket, seq),
-        then kick."""
+        """ResidentKernel.post: wait for the slot, the params word, the program words, then
+        (ticket, seq), then kick."""
         s = self.next
         while not self._slot_free(s):
             changed = self._kick()
@@ -488,6 +500,9 @@ class ResidentModel:
         self.truth.posted[s] = (params, ticket)
         entry = self.ring[s % self.ring_slots]
         entry.params, entry.tag = params, s
+        yield PROGRESS
+        entry.program = params.program if params is not None else None
+        entry.program_tag = s
         yield PROGRESS
         entry.ticket, entry.seq = ticket, s
         yield PROGRESS
@@ -586,13 +601,14 @@ class ResidentModel:
         safe = launch.first - 1         # every block has read the requests up to here
         s = launch.first
         while True:
-            params, ticket, reason = yield from self._relay_take(s)                 # R1
+            params, program, ticket, reason = yield from self._relay_take(s)        # R1
             if reason is None and params is None:
                 reason = CLOSED
             safe = yield from self._relay_wait_mirror(s, safe)                     # R2
             entry = self.dev.mirror[s % self.mirror_slots]                          # R3
             self._check_mirror_reuse(s, entry)
             entry.params = None if reason is not None else params
+            entry.program = None if reason is not None else program
             entry.ticket, entry.seq = ticket, s
             yield PROGRESS
             self.dev.go = s
@@ -610,18 +626,22 @@ class ResidentModel:
             s += 1
 
     def _relay_take(self, s: int):
-        """R1: (params, ticket, reason) of request s; reason None to publish it."""
+        """R1: (params, program, ticket, reason) of request s; reason None to publish it."""
         entry = self.ring[s % self.ring_slots]
-        params, ticket = None, 0
+        params, program, ticket = None, None, 0
         taken, closed = False, self.publish_before_close
         idle = waited = 0
         while not (taken and closed):
             if not taken:
                 word_params, word_tag = entry.params, entry.tag
                 yield f"ring params word of {s}"   # a read: progress only with the entry
-                if entry.seq == s and (word_tag == s or self.untagged_ring):
-                    params, ticket, taken = word_params, entry.ticket, True
-                    self._check_take(s, params, ticket)
+                word_program, word_program_tag = entry.program, entry.program_tag
+                yield f"ring program words of {s}"
+                if (entry.seq == s and (word_tag == s or self.untagged_ring)
+                        and (word_program_tag == s or self.untagged_program_words)):
+                    params, program, ticket = word_params, word_program, entry.ticket
+                    taken = True
+                    self._check_take(s, params, program, ticket)
                     self.truth.taken.add(s)
                     yield PROGRESS
                 else:
@@ -631,26 +651,31 @@ class ResidentModel:
                     closed, failed = True, self.dev.failed
                     yield PROGRESS
                     if failed:
-                        return params, ticket, FAILED
+                        return params, program, ticket, FAILED
                 else:
                     yield f"closed == {s - 1}"
             if not closed and self.wait_steps is not None:
                 waited += 1
                 yield PROGRESS
                 if waited > self.wait_steps:
-                    return params, ticket, LOST
+                    return params, program, ticket, LOST
             if closed and not taken and not self.blocks_decide_idle:
                 idle += 1
                 yield PROGRESS
                 if idle > self.idle_steps:
-                    return None, 0, IDLE
-        return params, ticket, None
+                    return None, None, 0, IDLE
+        return params, program, ticket, None
 
-    def _check_take(self, s: int, params, ticket: int) -> None:
-        """Rule 1 at the ring: the relay takes request s as the host posted it."""
+    def _check_take(self, s: int, params, program, ticket: int) -> None:
+        """Rule 1 at the ring: the relay takes request s as the host posted it, its program
+        words naming its params' program."""
         posted = self.truth.posted.get(s)
         _require(posted == (params, ticket), 1,
                  f"the relay takes request {s} as {(params, ticket)}, posted as {posted}")
+        named = params.program if params is not None else None
+        _require(program == named, 1,
+                 f"the relay takes request {s} with the program words of program {program}, "
+                 f"its params those of program {named}")
 
     def _relay_wait_mirror(self, s: int, safe: int):
         """R2: the new `safe` once mirror slot s % mirror_slots is free."""
@@ -692,7 +717,7 @@ class ResidentModel:
                     self._leave(launch, name, s)
                     return
             entry = self.dev.mirror[s % self.mirror_slots]
-            params, ticket = entry.params, entry.ticket
+            params, program, ticket = entry.params, entry.program, entry.ticket
             self._check_read(b, s, entry)
             yield PROGRESS
             self.dev.seen[b] = s
@@ -700,8 +725,8 @@ class ResidentModel:
             if params is None:
                 self._leave(launch, name, s)
                 return
-            if self.programs[params.program].active(b):
-                yield from self._invoke(b, s, params, ticket)
+            if self.programs[program].active(b):
+                yield from self._invoke(b, s, params, program, ticket)
             s += 1
 
     def _check_read(self, b: int, s: int, entry: Entry) -> None:
@@ -713,11 +738,16 @@ class ResidentModel:
             _require(posted == (entry.params, entry.ticket), 1,
                      f"block {b} read request {s} as {(entry.params, entry.ticket)}, "
                      f"posted as {posted}")
+            _require(entry.program == entry.params.program, 1,
+                     f"block {b} read request {s} with the queue bounds and run state of "
+                     f"program {entry.program}, its params those of program "
+                     f"{entry.params.program}")
 
-    def _invoke(self, b: int, s: int, params: Request, ticket: int):
-        """One active block's part of request s, and the close by the last one out."""
-        program = self.programs[params.program]
-        run = self.run_state[params.program]
+    def _invoke(self, b: int, s: int, params: Request, program_index: int, ticket: int):
+        """One active block's part of request s, and the close by the last one out: its queue
+        and run state are those the request's program words name."""
+        program = self.programs[program_index]
+        run = self.run_state[program_index]
         epoch = run.epoch
         self._check_start(b, s, params, epoch)
         yield PROGRESS

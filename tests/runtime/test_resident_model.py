@@ -99,8 +99,12 @@ def test_idle_exits_are_followed_by_relaunches_that_keep_serving(seed):
     model = ResidentModel(programs, script, grid=2, ring_slots=2, mirror_slots=1,
                           idle_steps=3)
     outcome = run(model, seed)
-    assert [reason for reason, _ in outcome.exits] == [IDLE, IDLE, CLOSED]
-    assert [first for _, first in outcome.exits] == [2, 4, 5]
+    # the two waits make the kernel leave idle before requests 2 and 4; a host slow enough
+    # against the relay (the widest speed spreads) lets it leave idle between posts too
+    reasons = [reason for reason, _ in outcome.exits]
+    assert reasons[-1] == CLOSED and set(reasons[:-1]) == {IDLE}
+    idle_firsts = [first for reason, first in outcome.exits if reason == IDLE]
+    assert {2, 4} <= set(idle_firsts) and idle_firsts == sorted(idle_firsts)
     assert outcome.ran == [1, 2, 3, 4] and outcome.stopped == (CLOSED, 5)
     assert model.run_state[0].epoch == 4 and model.run_state[0].ticket_done == 4
 
@@ -152,7 +156,9 @@ def test_a_failure_before_a_widening_close_keeps_the_kernel_stopped(seed):
                           idle_steps=10_000)
     outcome = run(model, seed)
     assert outcome.stopped == (FAILED, 3)
-    assert outcome.ran == [1, 2] and outcome.never_ran == [3, 5]
+    # the last post is 5 after a widening's close (4), or 4 where the host saw the failure
+    # first and widen() posted nothing
+    assert outcome.ran == [1, 2] and outcome.never_ran == [3, model.next - 1]
 
 
 def test_a_widening_that_clears_a_failures_stop_is_caught():
@@ -160,14 +166,20 @@ def test_a_widening_that_clears_a_failures_stop_is_caught():
     2), or the host counts request 3 served (rule 3)."""
     programs = [Program((1, 1))]
     script = [post(0), post(0, fail=True), post(0), widen(), post(0), sync()]
-    caught = 0
+    widened = caught = 0
     for seed in range(10):
-        model = ResidentModel(programs, script, grid=2, ring_slots=4, mirror_slots=2,
-                              idle_steps=10_000, widen_clears_any_stop=True)
+        def model(**misuse):
+            return ResidentModel(programs, script, grid=2, ring_slots=4, mirror_slots=2,
+                                 idle_steps=10_000, **misuse)
+        correct = model()
+        run(correct, seed)
+        if correct.next != 6:
+            continue    # the host saw the failure before widen(): no close, nothing to clear
+        widened += 1
         with pytest.raises(ProtocolViolation) as exc:
-            model.run(scheduler(seed))
+            model(widen_clears_any_stop=True).run(scheduler(seed))
         caught += exc.value.rule in (2, 3)
-    assert caught == 10
+    assert widened >= 8 and caught == widened
 
 
 def test_block_activity_follows_mk_block_active():
@@ -213,6 +225,13 @@ def test_taking_the_ring_entry_on_its_seq_alone_pairs_two_requests_words():
     word's tag it can take a word the host had not yet rewritten (the slot's previous
     request, or a fresh ring's zeros: a close) with the new seq."""
     assert rules_broken(range(40), "untagged_ring", ring_slots=2)[1] > 0
+
+
+def test_taking_the_ring_entry_without_the_program_words_tags_pairs_two_programs():
+    """A block reads its queue bounds and run state through the request's program words, not
+    through params: without their tags the relay can pair a new params word with the program
+    words of the slot's previous request (another program's, or a fresh ring's none)."""
+    assert rules_broken(range(40), "untagged_program_words", ring_slots=2)[1] > 0
 
 
 def test_a_host_that_does_not_relaunch_after_an_idle_exit_loses_requests():
