@@ -789,9 +789,9 @@ class CudaExecutor:
         a pending error raised, the tensor table bound and in device memory, numpy inputs
         copied in (on this executor's stream, beside the running kernel: copies need no SM).
         ``binding``: the table of an earlier identical call (the fast path), else one is
-        found or made for ``external``. Returns (params address, tensor table address,
-        ticket, binding), the first as ResidentKernel.post takes it: (params, queue_start,
-        run_state, n_sm)."""
+        found or made for ``external``. Returns (program words, tensor table address,
+        ticket, binding); the program words as ResidentKernel.post takes them: the params,
+        queue_start and run_state addresses and n_sm."""
         with self._lock:
             self._current()
             self._check_usable()
