@@ -59,8 +59,8 @@ def patch(src):
     # block: go seen (after fence), params read, ready
     rep('    mk_fence_acquire();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n',
         '    mk_fence_acquire();\n    const mk_u64 pr_t3 = mk_globaltimer();\n    const volatile mk_request* m = &res->mirror[s % MK_MIRROR_SLOTS];\n')
-    rep('    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n',
-        '    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n    if (blockIdx.x == 0) mk_probe_marks[(ticket & 63u) * 32u + 3u] = pr_t3;\n    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);\n')
+    rep('    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n',
+        '    const mk_u32 n_sm = m->n_sm, ticket = m->ticket;\n    if (blockIdx.x == 0) mk_probe_marks[(ticket & 63u) * 32u + 3u] = pr_t3;\n')
     rep('    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n',
         '    if (blockIdx.x == 0 && q_begin + run.x + run.y != 0xffffffffu) MKP(4, ticket);\n    const bool ok = mk_begin_invocation(reinterpret_cast<const mk_tensor*>(tensors), run,\n')
     rep('            mk_take_request(a, s);\n            mk_mbar_arrive(&ctl.request_ready);\n',

@@ -1186,19 +1186,25 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
     const mk_u32* queue_start = reinterpret_cast<const mk_u32*>(m->queue_start);
     const mk_run_state* run_state = reinterpret_cast<const mk_run_state*>(m->run_state);
     const mk_u32 n_sm = m->n_sm, ticket = m->ticket;
-    mk_st_release(reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x, s);
+    mk_u32* seen = reinterpret_cast<mk_u32*>(a.seen) + blockIdx.x;
     if (params == 0ull) {
+        mk_st_release(seen, s);
         ctl.request = MK_REQUEST_LEAVE;
         return;
     }
     /* the program's params, this block's queue bounds and the run state: all loads in flight
      * together (the request names all three buffers, instr.h mk_request), one round trip
-     * after the mirror's, as a launch's set-up after its kernel parameters */
+     * after the mirror's, as a launch's set-up after its kernel parameters. The bounds and
+     * the run state are read before the params' copy: loads through generic pointers may
+     * not pass its stores into shared memory, which wait for the params' loads. */
     const mk_u32 b = blockIdx.x;
-    ctl.params = *reinterpret_cast<const mk_params*>(params);
     const mk_u32 q_begin = b < n_sm ? queue_start[b] : 0u;
     const mk_u32 q_end = b < n_sm ? queue_start[b + 1] : 0u;
     const uint2 run = mk_run_of_state(run_state);
+    ctl.params = *reinterpret_cast<const mk_params*>(params);
+    /* seen[b] after these loads: its release (a gpu-scope membar) waits out their round trip
+     * instead of standing in front of it */
+    mk_st_release(seen, s);
     if (!mk_block_active(b, n_sm, q_begin, q_end)) {
         ctl.request = MK_REQUEST_SKIP;
         return;
