@@ -30,11 +30,12 @@ argument is the same).
                entry's params word, its program words, then its (ticket, seq) word: the
                device's loads are in flight together and may be performed in any order, and
                this one can pair a stale word with a new one. The entry is taken only when
-               every word names s (the params word's and the program words' tags). Steps with request s - 1 closed and request s not
-               there count toward idle_steps (past it: IDLE); steps waiting for closed count
-               toward wait_steps when that is set (past it: LOST). A close request (params
-               None) means CLOSED. (The device reads the entry in its first round and, after
-               that, only once s - 1 has closed: a subset of these interleavings.)
+               every word names s (the params word's and the program words' tags). Steps
+               with request s - 1 closed and request s not there count toward idle_steps
+               (past it: IDLE); steps waiting for closed count toward wait_steps when that
+               is set (past it: LOST). A close request (params None) means CLOSED. (The
+               device reads the entry in its first round and, after that, only once s - 1
+               has closed: a subset of these interleavings.)
            R2  mirror slot s % mirror_slots is free once every block's seen >= s - mirror_slots.
                The relay caches `safe` (every block has read up to here) and scans only when
                safe < s - mirror_slots, asking first for seen >= s - 1.
