@@ -29,6 +29,8 @@ PROBES = [
     ("probe_a_chunks.py", "a_chunks"),
     # whether loading a module waits for a kernel that holds every SM
     ("probe_module_load.py", "spin"),
+    # a transpose through pages a loader warp fills one tile ahead, against registers
+    ("probe_paged_transpose.py", "paged_transpose"),
 ]
 
 
