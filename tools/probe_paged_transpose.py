@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a c
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megak.runtime.compiler import compile_source, compile_report  # noqa: E402
-from probe_ptx import MBARRIER  # noqa: E402
+from probe_ptx import PRELUDE  # noqa: E402
 
 TILE_BYTES = 128 * 128 * 4
 SMEM_REG = 200 * 1024                 # keeps the register kernel at one block per SM
@@ -64,23 +64,17 @@ ENTRIES = ("reg_transpose", "paged_transpose", "fill", "verify")
 ERRORS = {1: "bad arguments", 2: "full wait passed its deadline (tile {} of {})",
           3: "empty wait passed its deadline (tile {} of {})"}
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
-__device__ __forceinline__ u32 sa(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ u64 gtimer()
-{ u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
-""" + MBARRIER + r"""
+SOURCE = PRELUDE + r"""
 __device__ __forceinline__ void fail(u32* err, u32 code, u32 a, u32 b)
 { if (atomicCAS(err, 0u, code) == 0u) { err[1] = blockIdx.x; err[2] = a; err[3] = b; } }
 
 __device__ __forceinline__ bool mbar_wait(u32 bar, u32 par, u64 timeout_ns)
 {
     if (mbar_try(bar, par)) return true;
-    const u64 deadline = gtimer() + timeout_ns;
+    const u64 deadline = now() + timeout_ns;
     for (;;) {
         if (mbar_try(bar, par)) return true;
-        if (gtimer() > deadline) return false;
+        if (now() > deadline) return false;
     }
 }
 __device__ __forceinline__ float4 ldg4(const float* p)
