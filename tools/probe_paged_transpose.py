@@ -42,6 +42,14 @@ Each variant: the output poisoned, a warm-up run checked against A^T on the devi
 word: a transpose that moves nothing fails), then --reps timed runs (CUDA events), median;
 GB/s = 2 x bytes / median. A device-to-device copy of the same bytes is the ceiling.
 
+Run on the H200 (2026-12-03, benchmarks/results/paged-transpose/paged-transpose.log): device
+copy 4,257 GB/s; reg 3,347-3,350; paged bulk 3,779-3,790 (2 buffers), 3,712-3,746 (3); paged
+cp.async 3,354-3,367 (2), 3,323-3,326 (3). Built into the megakernel (branch paged-transpose)
+the paged form ran W4 at 1,914 GB/s against the register body's 3,309: its loader, one
+instruction ahead and with a record to fetch and check, issued each tile 3.7 us after the one
+before had started, where this probe's loader refills a buffer as soon as its tile two before
+was read (benchmarks/ANALYSIS.md). So megak's transpose stays in registers.
+
     python tools/probe_paged_transpose.py [--n 16384] [--reps 20]
     python tools/probe_paged_transpose.py --compile-only      # no GPU: sm_90a, ptxas info
 """
