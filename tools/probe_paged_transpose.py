@@ -26,8 +26,9 @@ b, b + grid, ...):
                             lane 0 arrives on full (megak's loader preload, L6-L7).
            Compute warps: wait full (every thread, acquire), read their 16 float4 with
            LDS.128 in the register body's pattern (8 lanes of a phase read one 128-B row
-           piece: no bank conflict), store them transposed (STG.128), __syncwarp, lane 0
-           arrives on empty (8 arrivals a phase).
+           piece: no bank conflict), __syncwarp, lane 0 arrives on empty (8 arrivals a
+           phase: the buffer is free before its tile is stored), then store them transposed
+           (STG.128).
 
 Ordering (paged): the bulk copies complete on full[s] (async proxy; the mbarrier's
 complete_tx makes the bytes visible to a thread whose try_wait observes the phase: acquire);
