@@ -45,13 +45,23 @@ GB/s = 2 x bytes / median. A device-to-device copy of the same bytes is the ceil
 
 Run on the H200 (2026-12-03, benchmarks/results/paged-transpose/paged-transpose.log): device
 copy 4,257 GB/s; reg 3,347-3,350; paged bulk 3,779-3,790 (2 buffers), 3,712-3,746 (3); paged
-cp.async 3,354-3,367 (2), 3,323-3,326 (3). Built into the megakernel (branch paged-transpose)
+cp.async 3,354-3,367 (2), 3,323-3,326 (3). --modes (benchmarks/results/three-slots/
+probe-modes.log, same day, another lease): bulk 3,767-3,774 (2) / 3,696-3,737 (3); with a record
+read from global memory before each refill 3,759-3,793 / 3,696-3,733; with the buffer handed
+back after its stores 3,869-3,872 / 3,743-3,758; both 3,889-3,896 / 3,758-3,781: neither a
+dependent global read on the loader's path nor a late hand-back costs the paged form its lead.
+Modes 8 and 16 (cp.async.wait_all in the loader lanes after or before their bulk copies) are
+built for the next lease, not yet run. Built into the megakernel (branch paged-transpose)
 the paged form ran W4 at 1,914 GB/s against the register body's 3,309: its loader, one
 instruction ahead and with a record to fetch and check, issued each tile 3.7 us after the one
 before had started, where this probe's loader refills a buffer as soon as its tile two before
-was read (benchmarks/ANALYSIS.md). So megak's transpose stays in registers.
+was read (benchmarks/ANALYSIS.md). On three instruction slots (branch paged3) it ran the same
+(W4 1,126 us against 649): traced, each slot is handed over only once its tile has landed, which
+the loader's cp.async.wait_all at L7 is the one step left to explain (modes 8 and 16 test it
+here; branch paged-nowait removes it from the megakernel). So megak's transpose stays in
+registers.
 
-    python tools/probe_paged_transpose.py [--n 16384] [--reps 20]
+    python tools/probe_paged_transpose.py [--n 16384] [--reps 20] [--modes 0 1 2 4 6 8 16]
     python tools/probe_paged_transpose.py --compile-only      # no GPU: sm_90a, ptxas info
 """
 import argparse
@@ -70,6 +80,15 @@ from probe_ptx import PRELUDE  # noqa: E402
 TILE_BYTES = 128 * 128 * 4
 SMEM_REG = 200 * 1024                 # keeps the register kernel at one block per SM
 ENTRIES = ("reg_transpose", "paged_transpose", "fill", "verify")
+# paged_transpose's mode bits: 1 the loader copies by 16-B cp.async (else bulk copies), 2 each
+# refill first reads a word from global memory and the copies' addresses depend on it (as
+# megak's loader fetches a record before it can copy), 4 the compute warps hand a buffer back
+# after they stored its tile (as megak's pages come back at an instruction's end), 8 each
+# loader lane runs cp.async.wait_all after its bulk copies (megak's L7), 16 each refill first
+# fetches a 128-B record by cp.async and cp.async.wait_all (megak's L2)
+MODES = {0: "bulk", 1: "cp.async", 2: "bulk + record read", 4: "bulk, late hand-back",
+         6: "bulk + record read, late hand-back", 8: "bulk, then cp.async.wait_all",
+         16: "bulk, record by cp.async + wait_all"}
 ERRORS = {1: "bad arguments", 2: "full wait passed its deadline (tile {} of {})",
           3: "empty wait passed its deadline (tile {} of {})"}
 
@@ -167,7 +186,8 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 full[4], empty[4];
-    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 1u) {
+    __shared__ __align__(16) unsigned char rec[128];
+    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 31u) {
         if (threadIdx.x == 0) fail(err, 1u, slots, mode);
         return;
     }
@@ -191,8 +211,25 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                 break;
             }
             const float* src = a_tile(a, n, blockIdx.x + k * gridDim.x);
+            if (mode & 16u) {  /* a record fetched by cp.async, waited for with wait_all */
+                if (lane < 8u)
+                    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;"
+                                 :: "r"(sa(&rec[16u * lane])), "l"(a + ((u64)(blockIdx.x + k * gridDim.x) * 4099u) % ((u64)n * n - 4u))
+                                 : "memory");
+                asm volatile("cp.async.commit_group;" ::: "memory");
+                asm volatile("cp.async.wait_all;" ::: "memory");
+                __syncwarp();
+            }
+            if (mode & 2u) {   /* a record from global memory first, the copies depend on it */
+                u32 v = 0, z;
+                if (lane == 0)
+                    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v)
+                                 : "l"(a + ((u64)(blockIdx.x + k * gridDim.x) * 4099u) % ((u64)n * n)));
+                asm volatile("and.b32 %0, %1, 0;" : "=r"(z) : "r"(__shfl_sync(0xffffffffu, v, 0)));
+                src += z;
+            }
             const u32 dst = buf0 + s * (u32)(128 * 512);
-            if (mode == 0u) {
+            if ((mode & 1u) == 0u) {
                 if (lane == 0)
                     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
                                  :: "r"(sa(&full[s])), "r"(128u * 512u) : "memory");
@@ -203,6 +240,10 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                                  " [%0], [%1], 512, [%2];"
                                  :: "r"(dst + 512u * r), "l"(src + (u64)r * n), "r"(sa(&full[s]))
                                  : "memory");
+                if (mode & 8u) {   /* megak's L7: the lane waits for its cp.async groups */
+                    asm volatile("cp.async.commit_group;" ::: "memory");
+                    asm volatile("cp.async.wait_all;" ::: "memory");
+                }
             } else {
 #pragma unroll 4
                 for (u32 u = lane; u < 4096u; u += 32u) {
@@ -232,9 +273,11 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
         lds_half<0>(t, tile, x0);
         lds_half<1>(t, tile, x1);
         __syncwarp();
-        if (lane == 0) mbar_arrive(sa(&empty[s]));   /* every lane's reads are done */
+        if (lane == 0 && !(mode & 4u)) mbar_arrive(sa(&empty[s]));   /* every lane's reads are done */
         store_half<0>(t, dst, n, x0);
         store_half<1>(t, dst, n, x1);
+        __syncwarp();
+        if (lane == 0 && (mode & 4u)) mbar_arrive(sa(&empty[s]));    /* late: after the stores */
     }
 }
 
@@ -346,7 +389,7 @@ def run(args):
                     lambda: launch(fn["reg_transpose"], n_sm, 256, SMEM_REG, ctypes.c_uint64(a.ptr),
                                    ctypes.c_uint64(o.ptr), ctypes.c_uint32(n),
                                    ctypes.c_uint64(err.ptr)))
-            for mode, what in ((0, "bulk"), (1, "cp.async")):
+            for mode, what in [(m, MODES[m]) for m in args.modes]:
                 for slots in (2, 3):
                     smem = slots * TILE_BYTES + 1024
                     measure(f"paged {what}, {slots} slots",
@@ -366,6 +409,8 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--timeout-s", type=float, default=2.0)
     p.add_argument("--compile-only", action="store_true")
+    p.add_argument("--modes", type=int, nargs="+", default=[0, 1], choices=sorted(MODES),
+                   help="paged variants: " + ", ".join(f"{k} {v}" for k, v in MODES.items()))
     args = p.parse_args(argv)
     if args.compile_only:
         t0 = time.perf_counter()
