@@ -25,7 +25,7 @@ compute threads' wait done; branch paged3 and after), per instruction q >= 1 of 
 --save OUT.npy keeps the traced run's events.
 
     python tools/trace_transpose_phases.py [n] [--tile-in] [--save OUT.npy]
-                                            (on a GPU; any tree on PYTHONPATH)
+                                            (on a GPU; the megak of this checkout)
 """
 import argparse
 import sys
