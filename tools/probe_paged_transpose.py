@@ -211,10 +211,13 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                 break;
             }
             const float* src = a_tile(a, n, blockIdx.x + k * gridDim.x);
+            /* a "record": 128 B of A at a scattered 16-B aligned place (tile-dependent) */
+            const float* rec_src = a + 4u * (((u64)(blockIdx.x + k * gridDim.x) * 4099u) %
+                                             ((u64)n * n / 4u - 8u));
             if (mode & 16u) {  /* a record fetched by cp.async, waited for with wait_all */
                 if (lane < 8u)
                     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;"
-                                 :: "r"(sa(&rec[16u * lane])), "l"(a + ((u64)(blockIdx.x + k * gridDim.x) * 4099u) % ((u64)n * n - 4u))
+                                 :: "r"(sa(&rec[16u * lane])), "l"(rec_src + 4u * lane)
                                  : "memory");
                 asm volatile("cp.async.commit_group;" ::: "memory");
                 asm volatile("cp.async.wait_all;" ::: "memory");
@@ -223,8 +226,7 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
             if (mode & 2u) {   /* a record from global memory first, the copies depend on it */
                 u32 v = 0, z;
                 if (lane == 0)
-                    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v)
-                                 : "l"(a + ((u64)(blockIdx.x + k * gridDim.x) * 4099u) % ((u64)n * n)));
+                    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(rec_src));
                 asm volatile("and.b32 %0, %1, 0;" : "=r"(z) : "r"(__shfl_sync(0xffffffffu, v, 0)));
                 src += z;
             }
@@ -273,7 +275,7 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
         lds_half<0>(t, tile, x0);
         lds_half<1>(t, tile, x1);
         __syncwarp();
-        if (lane == 0 && !(mode & 4u)) mbar_arrive(sa(&empty[s]));   /* every lane's reads are done */
+        if (lane == 0 && !(mode & 4u)) mbar_arrive(sa(&empty[s]));   /* every lane's reads done */
         store_half<0>(t, dst, n, x0);
         store_half<1>(t, dst, n, x1);
         __syncwarp();
