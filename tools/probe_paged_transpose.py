@@ -50,18 +50,18 @@ probe-modes.log, same day, another lease): bulk 3,767-3,774 (2) / 3,696-3,737 (3
 read from global memory before each refill 3,759-3,793 / 3,696-3,733; with the buffer handed
 back after its stores 3,869-3,872 / 3,743-3,758; both 3,889-3,896 / 3,758-3,781: neither a
 dependent global read on the loader's path nor a late hand-back costs the paged form its lead.
-Modes 8 and 16 (cp.async.wait_all in the loader lanes after or before their bulk copies) are
-built for the next lease, not yet run. Built into the megakernel (branch paged-transpose)
-the paged form ran W4 at 1,914 GB/s against the register body's 3,309: its loader, one
-instruction ahead and with a record to fetch and check, issued each tile 3.7 us after the one
-before had started, where this probe's loader refills a buffer as soon as its tile two before
-was read (benchmarks/ANALYSIS.md). On three instruction slots (branch paged3) it ran the same
-(W4 1,126 us against 649): traced, each slot is handed over only once its tile has landed, which
-the loader's cp.async.wait_all at L7 is the one step left to explain (modes 8 and 16 test it
-here; branch paged-nowait removes it from the megakernel). So megak's transpose stays in
-registers.
+Modes 8 and 16 (benchmarks/results/three-slots/probe-waitall.log): cp.async.wait_all in the
+loader lanes after their bulk copies 3,938-3,941 / 3,903-3,919, i.e. it does not wait for
+them; a record by cp.async + wait_all before the copies 3,489-3,496 / 3,489-3,491. Modes 32,
+64, 38 (probe-tmap.log, next lease): the tile by tensor-map copies, 4 boxes of 32 rows
+3,763-3,792 / 3,702-3,714, one box of 128 rows 3,725-3,747 / 3,708-3,736, 4 boxes with a record
+read and a late hand-back 3,792-3,801 / 3,730-3,746: the same as a bulk copy per row here,
+where the loader has nothing else to do. In the megakernel the 128 row copies' issue (one
+lane at a time: a bulk copy's operands are warp-uniform) held the loader 5.3 us a tile, and 4
+tensor-map copies took W4 from 1,072 to 702 us (three slots) and 639 (two), against the
+register body's 649 (branch transpose-tmap; benchmarks/ANALYSIS.md).
 
-    python tools/probe_paged_transpose.py [--n 16384] [--reps 20] [--modes 0 1 2 4 6 8 16]
+    python tools/probe_paged_transpose.py [--n 16384] [--reps 20] [--modes 0 1 2 4 6 8 16 32 64 38]
     python tools/probe_paged_transpose.py --compile-only      # no GPU: sm_90a, ptxas info
 """
 import argparse
@@ -85,10 +85,12 @@ ENTRIES = ("reg_transpose", "paged_transpose", "fill", "verify")
 # megak's loader fetches a record before it can copy), 4 the compute warps hand a buffer back
 # after they stored its tile (as megak's pages come back at an instruction's end), 8 each
 # loader lane runs cp.async.wait_all after its bulk copies (megak's L7), 16 each refill first
-# fetches a 128-B record by cp.async and cp.async.wait_all (megak's L2)
+# fetches a 128-B record by cp.async and cp.async.wait_all (megak's L2), 32 loader lane 0 copies
+# the tile by 4 tensor-map copies (fp32, box 128 columns x 32 rows), 64 by one (128 x 128)
 MODES = {0: "bulk", 1: "cp.async", 2: "bulk + record read", 4: "bulk, late hand-back",
          6: "bulk + record read, late hand-back", 8: "bulk, then cp.async.wait_all",
-         16: "bulk, record by cp.async + wait_all"}
+         16: "bulk, record by cp.async + wait_all", 32: "tensor map, 4 boxes of 32 rows",
+         64: "tensor map, one 128-row box", 38: "tensor map x4 + record read, late hand-back"}
 ERRORS = {1: "bad arguments", 2: "full wait passed its deadline (tile {} of {})",
           3: "empty wait passed its deadline (tile {} of {})"}
 
@@ -182,12 +184,14 @@ reg_transpose(const float* a, float* o, u32 n, u32* err)
 }
 
 extern "C" __global__ void __launch_bounds__(288, 1)
-paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeout_ns, u32* err)
+paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeout_ns, u32* err,
+                const void* tmap)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 full[4], empty[4];
     __shared__ __align__(16) unsigned char rec[128];
-    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 31u) {
+    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 127u ||
+        ((mode & 96u) != 0u && tmap == nullptr)) {
         if (threadIdx.x == 0) fail(err, 1u, slots, mode);
         return;
     }
@@ -231,7 +235,22 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                 src += z;
             }
             const u32 dst = buf0 + s * (u32)(128 * 512);
-            if ((mode & 1u) == 0u) {
+            if (mode & 96u) {   /* tensor-map copies from lane 0: 4 boxes of 32 rows, or one */
+                const u32 t = blockIdx.x + k * gridDim.x, nt = n / 128u;
+                const u32 col = 128u * (t / nt), row = 128u * (t % nt);   /* a_tile: A rows 128 tj.., cols 128 ti.. */
+                if (lane == 0) {
+                    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+                                 :: "r"(sa(&full[s])), "r"(128u * 512u) : "memory");
+                    const u32 boxes = (mode & 32u) ? 4u : 1u;
+                    for (u32 b = 0; b < boxes; ++b)
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     " [%0], [%1, {%2, %3}], [%4];"
+                                     :: "r"(dst + b * (128u * 512u / boxes)), "l"(tmap), "r"(col),
+                                        "r"(row + b * (128u / boxes)), "r"(sa(&full[s]))
+                                     : "memory");
+                }
+                __syncwarp();
+            } else if ((mode & 1u) == 0u) {
                 if (lane == 0)
                     asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
                                  :: "r"(sa(&full[s])), "r"(128u * 512u) : "memory");
@@ -346,6 +365,22 @@ def run(args):
             return host.array(np.uint32, (4,)).copy()
 
         launch(fn["fill"], 4 * n_sm, 1024, 0, ctypes.c_uint64(a.ptr), ctypes.c_uint64(n * n))
+        maps = {}
+        for rows in (32, 128):   # A's tensor maps (fp32, no swizzle), box 128 cols x rows
+            u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+            tm = check(drv.cuTensorMapEncodeTiled(
+                drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a.ptr,
+                [u64(n), u64(n)], [u64(4 * n)], [u32(128), u32(rows)], [u32(1), u32(1)],
+                drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+                drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
+            buf = m.device(128, f"tmap{rows}")
+            hb = m.pinned(128, f"tmap{rows} host")
+            ctypes.memmove(hb.ptr, np.array([int(x) for x in tm.opaque], dtype=np.uint64).tobytes(), 128)
+            check(drv.cuMemcpyHtoDAsync(buf.ptr, hb.ptr, 128, h), "copy map")
+            maps[rows] = (buf, hb)
+        check(drv.cuStreamSynchronize(h), "sync")
         check(drv.cuStreamSynchronize(h), "sync")
         ev = [(check(drv.cuEventCreate(0), "event"), check(drv.cuEventCreate(0), "event"))
               for _ in range(args.reps)]
@@ -399,7 +434,8 @@ def run(args):
                                 fn["paged_transpose"], n_sm, 288, sm, ctypes.c_uint64(a.ptr),
                                 ctypes.c_uint64(o.ptr), ctypes.c_uint32(n), ctypes.c_uint32(s),
                                 ctypes.c_uint32(md), ctypes.c_uint64(to),
-                                ctypes.c_uint64(err.ptr)))
+                                ctypes.c_uint64(err.ptr),
+                                ctypes.c_uint64(maps[128 if md & 64 else 32][0].ptr)))
     finally:
         check(drv.cuStreamSynchronize(h), "sync")
         m.close()
