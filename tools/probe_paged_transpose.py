@@ -59,9 +59,11 @@ read and a late hand-back 3,792-3,801 / 3,730-3,746: the same as a bulk copy per
 where the loader has nothing else to do. In the megakernel the 128 row copies' issue (one
 lane at a time: a bulk copy's operands are warp-uniform) held the loader 5.3 us a tile, and 4
 tensor-map copies took W4 from 1,072 to 702 us (three slots) and 639 (two), against the
-register body's 649 (branch transpose-tmap; benchmarks/ANALYSIS.md).
+register body's 649 (branch transpose-tmap; benchmarks/ANALYSIS.md). Modes 128 and 384 (the
+tile in by 128-B swizzled boxes, out by TMA stores from the same buffer, so no compute thread
+issues a global store: #12 item 7's "TMA store out") are built, not yet run.
 
-    python tools/probe_paged_transpose.py [--n 16384] [--reps 20] [--modes 0 1 2 4 6 8 16 32 64 38]
+    python tools/probe_paged_transpose.py [--n 16384] [--reps 20] [--modes 0 1 2 4 6 8 16 32 64 38 128 384]
     python tools/probe_paged_transpose.py --compile-only      # no GPU: sm_90a, ptxas info
 """
 import argparse
@@ -86,11 +88,14 @@ ENTRIES = ("reg_transpose", "paged_transpose", "fill", "verify")
 # after they stored its tile (as megak's pages come back at an instruction's end), 8 each
 # loader lane runs cp.async.wait_all after its bulk copies (megak's L7), 16 each refill first
 # fetches a 128-B record by cp.async and cp.async.wait_all (megak's L2), 32 loader lane 0 copies
-# the tile by 4 tensor-map copies (fp32, box 128 columns x 32 rows), 64 by one (128 x 128)
+# the tile by 4 tensor-map copies (fp32, box 128 columns x 32 rows), 64 by one (128 x 128), 128
+# the tile in by 4 swizzled boxes and out by 4 TMA stores (tma_store_loop), 256 with 128: the
+# buffer handed back one tile later
 MODES = {0: "bulk", 1: "cp.async", 2: "bulk + record read", 4: "bulk, late hand-back",
          6: "bulk + record read, late hand-back", 8: "bulk, then cp.async.wait_all",
          16: "bulk, record by cp.async + wait_all", 32: "tensor map, 4 boxes of 32 rows",
-         64: "tensor map, one 128-row box", 38: "tensor map x4 + record read, late hand-back"}
+         64: "tensor map, one 128-row box", 38: "tensor map x4 + record read, late hand-back",
+         128: "swizzled maps in, TMA stores out", 384: "swizzled maps in, TMA stores out, late hand-back"}
 ERRORS = {1: "bad arguments", 2: "full wait passed its deadline (tile {} of {})",
           3: "empty wait passed its deadline (tile {} of {})"}
 
@@ -183,15 +188,92 @@ reg_transpose(const float* a, float* o, u32 n, u32* err)
     }
 }
 
+/* Mode 128, the compute warps: the tile arrives as 4 boxes of 32 A columns x 128 rows with the
+ * 128-B swizzle (16-B chunk c of row r at chunk c ^ (r & 7)); thread (w, l), i = l & 7,
+ * g = l >> 3, holds blocks P = 8 g + i (A rows 4P..), Q = 8 b + ((i + w) & 7) (A columns 4Q..),
+ * b = 0..3, so the 8 lanes of an LDS.128 / STS.128 phase hit 8 distinct chunks both ways. After
+ * every thread's reads (named barrier 1), the transposed rows go back into the same buffer as
+ * 4 boxes of 32 output columns x 128 rows, same swizzle; each writer's fence.proxy.async, the
+ * barrier again, and thread 0 issues 4 TMA stores (bulk group). Mode 256: thread 0 hands the
+ * buffer back one tile later (wait_group.read 1), else at once (wait_group.read 0); 8
+ * arrivals on empty either way. */
+__device__ __forceinline__ void tma_store_loop(float* o, u32 n, u32 slots, u32 mode,
+                                               u64 timeout_ns, u32* err, u64* full, u64* empty,
+                                               u32 buf0, u32 mine, const void* omap)
+{
+    const u32 w = threadIdx.x >> 5, l = threadIdx.x & 31u, i = l & 7u, g = l >> 3;
+    const u32 P = 8u * g + i;
+    for (u32 k = 0; k < mine; ++k) {
+        const u32 s = k % slots, round = k / slots;
+        if (!mbar_wait(sa(&full[s]), round & 1u, timeout_ns)) {
+            fail(err, 2u, k, mine);
+            break;
+        }
+        const u32 tile = buf0 + s * (u32)(128 * 512);
+        float4 x[4][4];   /* x[b][kk]: A row 4P + kk, columns 4Q_b .. 4Q_b + 3 */
+#pragma unroll
+        for (u32 b = 0; b < 4u; ++b) {
+            const u32 q = (i + w) & 7u;   /* Q_b % 8 */
+#pragma unroll
+            for (u32 kk = 0; kk < 4u; ++kk) {
+                const u32 r = 4u * P + kk;
+                x[b][kk] = lds4(tile + b * 16384u + r * 128u + 16u * (q ^ (r & 7u)));
+            }
+        }
+        asm volatile("bar.sync 1, 256;" ::: "memory");   /* every read of the buffer done */
+#pragma unroll
+        for (u32 b = 0; b < 4u; ++b) {
+            const u32 Q = 8u * b + ((i + w) & 7u);
+#pragma unroll
+            for (u32 e = 0; e < 4u; ++e) {
+                const u32 r = 4u * Q + e;   /* output row of the tile; output columns 4P.. */
+                float4 v;
+                v.x = reinterpret_cast<const float*>(&x[b][0])[e];
+                v.y = reinterpret_cast<const float*>(&x[b][1])[e];
+                v.z = reinterpret_cast<const float*>(&x[b][2])[e];
+                v.w = reinterpret_cast<const float*>(&x[b][3])[e];
+                asm volatile("st.shared.v4.f32 [%0], {%1,%2,%3,%4};"
+                             :: "r"(tile + g * 16384u + r * 128u + 16u * (i ^ (r & 7u))),
+                                "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+            }
+        }
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("bar.sync 1, 256;" ::: "memory");
+        if (threadIdx.x == 0) {
+            const u32 t = blockIdx.x + k * gridDim.x, nt = n / 128u;
+            const u32 orow = 128u * (t / nt), ocol = 128u * (t % nt);   /* o_tile */
+            for (u32 b = 0; b < 4u; ++b)
+                asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group"
+                             " [%0, {%1, %2}], [%3];"
+                             :: "l"(omap), "r"(ocol + 32u * b), "r"(orow), "r"(tile + b * 16384u)
+                             : "memory");
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            if (mode & 256u) {
+                asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
+                if (k > 0)
+                    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], 8; }"
+                                 :: "r"(sa(&empty[(k - 1) % slots])) : "memory");
+            } else {
+                asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+                asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0], 8; }"
+                             :: "r"(sa(&empty[s])) : "memory");
+            }
+        }
+    }
+    if (threadIdx.x == 0)
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    (void)o;
+}
+
 extern "C" __global__ void __launch_bounds__(288, 1)
 paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeout_ns, u32* err,
-                const void* tmap)
+                const void* tmap, const void* omap)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ __align__(8) u64 full[4], empty[4];
     __shared__ __align__(16) unsigned char rec[128];
-    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 127u ||
-        ((mode & 96u) != 0u && tmap == nullptr)) {
+    if (slots < 1u || slots > 3u || n % 128u != 0u || mode > 511u ||
+        ((mode & 224u) != 0u && tmap == nullptr) || ((mode & 128u) != 0u && omap == nullptr)) {
         if (threadIdx.x == 0) fail(err, 1u, slots, mode);
         return;
     }
@@ -235,7 +317,21 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                 src += z;
             }
             const u32 dst = buf0 + s * (u32)(128 * 512);
-            if (mode & 96u) {   /* tensor-map copies from lane 0: 4 boxes of 32 rows, or one */
+            if (mode & 128u) {  /* lane 0: 4 swizzled boxes of 32 A columns x 128 rows */
+                const u32 t = blockIdx.x + k * gridDim.x, nt = n / 128u;
+                const u32 col = 128u * (t / nt), row = 128u * (t % nt);
+                if (lane == 0) {
+                    asm volatile("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }"
+                                 :: "r"(sa(&full[s])), "r"(128u * 512u) : "memory");
+                    for (u32 b = 0; b < 4u; ++b)
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                                     " [%0], [%1, {%2, %3}], [%4];"
+                                     :: "r"(dst + b * 16384u), "l"(tmap), "r"(col + 32u * b),
+                                        "r"(row), "r"(sa(&full[s]))
+                                     : "memory");
+                }
+                __syncwarp();
+            } else if (mode & 96u) {   /* tensor-map copies from lane 0: 4 boxes of 32 rows, or one */
                 const u32 t = blockIdx.x + k * gridDim.x, nt = n / 128u;
                 const u32 col = 128u * (t / nt), row = 128u * (t % nt);   /* a_tile: A rows 128 tj.., cols 128 ti.. */
                 if (lane == 0) {
@@ -279,6 +375,10 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
                 if (lane == 0) mbar_arrive(sa(&full[s]));
             }
         }
+        return;
+    }
+    if (mode & 128u) {
+        tma_store_loop(o, n, slots, mode, timeout_ns, err, full, empty, buf0, mine, omap);
         return;
     }
     const lane_map t = lmap();
@@ -366,20 +466,24 @@ def run(args):
 
         launch(fn["fill"], 4 * n_sm, 1024, 0, ctypes.c_uint64(a.ptr), ctypes.c_uint64(n * n))
         maps = {}
-        for rows in (32, 128):   # A's tensor maps (fp32, no swizzle), box 128 cols x rows
+        # A's tensor maps: fp32, box 128 cols x rows, no swizzle (modes 32, 64); A's and the
+        # output's with box 32 cols x 128 rows, 128-B swizzle (mode 128)
+        for key, ptr, cols, rows, swz in ((32, a.ptr, 128, 32, "NONE"), (128, a.ptr, 128, 128, "NONE"),
+                                          ("a_swz", a.ptr, 32, 128, "128B"),
+                                          ("o_swz", o.ptr, 32, 128, "128B")):
             u64, u32 = drv.cuuint64_t, drv.cuuint32_t
             tm = check(drv.cuTensorMapEncodeTiled(
-                drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, a.ptr,
-                [u64(n), u64(n)], [u64(4 * n)], [u32(128), u32(rows)], [u32(1), u32(1)],
+                drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, ptr,
+                [u64(n), u64(n)], [u64(4 * n)], [u32(cols), u32(rows)], [u32(1), u32(1)],
                 drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-                drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+                getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swz}"),
                 drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
-            buf = m.device(128, f"tmap{rows}")
-            hb = m.pinned(128, f"tmap{rows} host")
+            buf = m.device(128, f"tmap {key}")
+            hb = m.pinned(128, f"tmap {key} host")
             ctypes.memmove(hb.ptr, np.array([int(x) for x in tm.opaque], dtype=np.uint64).tobytes(), 128)
             check(drv.cuMemcpyHtoDAsync(buf.ptr, hb.ptr, 128, h), "copy map")
-            maps[rows] = (buf, hb)
+            maps[key] = (buf, hb)
         check(drv.cuStreamSynchronize(h), "sync")
         check(drv.cuStreamSynchronize(h), "sync")
         ev = [(check(drv.cuEventCreate(0), "event"), check(drv.cuEventCreate(0), "event"))
@@ -435,7 +539,9 @@ def run(args):
                                 ctypes.c_uint64(o.ptr), ctypes.c_uint32(n), ctypes.c_uint32(s),
                                 ctypes.c_uint32(md), ctypes.c_uint64(to),
                                 ctypes.c_uint64(err.ptr),
-                                ctypes.c_uint64(maps[128 if md & 64 else 32][0].ptr)))
+                                ctypes.c_uint64(maps["a_swz" if md & 128 else 128 if md & 64
+                                                     else 32][0].ptr),
+                                ctypes.c_uint64(maps["o_swz"][0].ptr)))
     finally:
         check(drv.cuStreamSynchronize(h), "sync")
         m.close()
