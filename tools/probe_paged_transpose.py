@@ -188,6 +188,19 @@ reg_transpose(const float* a, float* o, u32 n, u32* err)
     }
 }
 
+/* The compute warps' wait for tile k (buffer k % slots, phase (k / slots) & 1): false past the
+ * deadline, the error recorded; else `tile` is the buffer's shared address. */
+__device__ __forceinline__ bool wait_tile(u64* full, u32 buf0, u32 k, u32 slots, u32 mine,
+                                          u64 timeout_ns, u32* err, u32& tile)
+{
+    if (!mbar_wait(sa(&full[k % slots]), (k / slots) & 1u, timeout_ns)) {
+        fail(err, 2u, k, mine);
+        return false;
+    }
+    tile = buf0 + (k % slots) * (u32)(128 * 512);
+    return true;
+}
+
 /* Mode 128, the compute warps: the tile arrives as 4 boxes of 32 A columns x 128 rows with the
  * 128-B swizzle (16-B chunk c of row r at chunk c ^ (r & 7)); thread (w, l), i = l & 7,
  * g = l >> 3, holds blocks P = 8 g + i (A rows 4P..), Q = 8 b + ((i + w) & 7) (A columns 4Q..),
@@ -204,12 +217,10 @@ __device__ __forceinline__ void tma_store_loop(float* o, u32 n, u32 slots, u32 m
     const u32 w = threadIdx.x >> 5, l = threadIdx.x & 31u, i = l & 7u, g = l >> 3;
     const u32 P = 8u * g + i;
     for (u32 k = 0; k < mine; ++k) {
-        const u32 s = k % slots, round = k / slots;
-        if (!mbar_wait(sa(&full[s]), round & 1u, timeout_ns)) {
-            fail(err, 2u, k, mine);
+        u32 tile;
+        if (!wait_tile(full, buf0, k, slots, mine, timeout_ns, err, tile))
             break;
-        }
-        const u32 tile = buf0 + s * (u32)(128 * 512);
+        const u32 s = k % slots;
         float4 x[4][4];   /* x[b][kk]: A row 4P + kk, columns 4Q_b .. 4Q_b + 3 */
 #pragma unroll
         for (u32 b = 0; b < 4u; ++b) {
@@ -384,12 +395,10 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
     const lane_map t = lmap();
     float4 x0[2][4], x1[2][4];
     for (u32 k = 0; k < mine; ++k) {
-        const u32 s = k % slots, round = k / slots;
-        if (!mbar_wait(sa(&full[s]), round & 1u, timeout_ns)) {
-            fail(err, 2u, k, mine);
+        u32 tile;
+        if (!wait_tile(full, buf0, k, slots, mine, timeout_ns, err, tile))
             break;
-        }
-        const u32 tile = buf0 + s * (u32)(128 * 512);
+        const u32 s = k % slots;
         float* dst = o_tile(o, n, blockIdx.x + k * gridDim.x);
         lds_half<0>(t, tile, x0);
         lds_half<1>(t, tile, x1);
