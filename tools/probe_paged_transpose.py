@@ -210,7 +210,7 @@ __device__ __forceinline__ bool wait_tile(u64* full, u32 buf0, u32 k, u32 slots,
  * barrier again, and thread 0 issues 4 TMA stores (bulk group). Mode 256: thread 0 hands the
  * buffer back one tile later (wait_group.read 1), else at once (wait_group.read 0); 8
  * arrivals on empty either way. */
-__device__ __forceinline__ void tma_store_loop(float* o, u32 n, u32 slots, u32 mode,
+__device__ __forceinline__ void tma_store_loop(u32 n, u32 slots, u32 mode,
                                                u64 timeout_ns, u32* err, u64* full, u64* empty,
                                                u32 buf0, u32 mine, const void* omap)
 {
@@ -273,7 +273,6 @@ __device__ __forceinline__ void tma_store_loop(float* o, u32 n, u32 slots, u32 m
     }
     if (threadIdx.x == 0)
         asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-    (void)o;
 }
 
 extern "C" __global__ void __launch_bounds__(288, 1)
@@ -389,7 +388,7 @@ paged_transpose(const float* a, float* o, u32 n, u32 slots, u32 mode, u64 timeou
         return;
     }
     if (mode & 128u) {
-        tma_store_loop(o, n, slots, mode, timeout_ns, err, full, empty, buf0, mine, omap);
+        tma_store_loop(n, slots, mode, timeout_ns, err, full, empty, buf0, mine, omap);
         return;
     }
     const lane_map t = lmap();
