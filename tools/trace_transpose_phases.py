@@ -77,9 +77,9 @@ def tile_rows(ev) -> np.ndarray:
 
 
 def _report(rows: np.ndarray, labels) -> None:
-    r = rows / 1e3
+    r, width = rows / 1e3, max(24, *map(len, labels))
     for i, label in enumerate(labels):
-        print(f"{label:<24} median {np.median(r[:, i]):7.3f} us  "
+        print(f"{label:<{width}} median {np.median(r[:, i]):7.3f} us  "
               f"p10 {np.percentile(r[:, i], 10):7.3f}  p90 {np.percentile(r[:, i], 90):7.3f}")
 
 

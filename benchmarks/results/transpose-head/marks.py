@@ -14,7 +14,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
-from trace_transpose_phases import per_sm  # noqa: E402
+from trace_transpose_phases import _report, per_sm  # noqa: E402
 
 LABELS = ("L2 done -> pages taken (L3)", "pages taken -> stages known (ready word)",
           "stages known -> copies issued (L4-L6)", "issued -> tile in", "tile in -> stored",
@@ -31,10 +31,7 @@ def main(path):
             rows.append([a[q] - f[q], k[q] - a[q], iss[q] - k[q], tin[q] - iss[q],
                          sto[q] - tin[q], f[q] - sto[q - 2], iss[q] - tin[q - 1],
                          tin[q] - tin[q - 1], sto[q] - sto[q - 1]])
-    r = np.array(rows, dtype=np.float64) / 1e3
-    for i, label in enumerate(LABELS):
-        print(f"{label:<44} {np.median(r[:, i]):7.3f}  ({np.percentile(r[:, i], 10):.3f}, "
-              f"{np.percentile(r[:, i], 90):.3f})")
+    _report(np.array(rows, dtype=np.float64), LABELS)
 
 
 if __name__ == "__main__":
