@@ -57,6 +57,7 @@ PAGE_ALIGN = LIMITS["MK_PAGE_ALIGN"]
 THREADS = LIMITS["MK_THREADS"]
 BLOCK_THREADS = LIMITS["MK_BLOCK_THREADS"]
 TENSOR_ALIGN_BYTES = LIMITS["MK_TENSOR_ALIGN_BYTES"]
+SLOTS = LIMITS["MK_SLOTS"]
 TMAP_BYTES = OP_SHAPES["MK_TMAP_BYTES"]
 STREAM_BOX_COLS = OP_SHAPES["MK_STREAM_BOX_COLS"]
 STREAM_BOX_ROWS = OP_SHAPES["MK_STREAM_BOX_ROWS"]
@@ -151,9 +152,11 @@ def ready_offset(n: int) -> int:
 
 
 def table_bytes(n: int) -> int:
-    """Bytes of a whole tensor table of n entries: entries, padding, maps, ready flags; at
-    least MK_TABLE_HEAD entries' worth, which a launched block copies at its entry."""
-    return max(ready_offset(n) + 4 * n, LIMITS["MK_TABLE_HEAD"] * TENSOR_DTYPE.itemsize)
+    """Bytes of a whole tensor table of n entries: entries, padding, maps, ready words; at
+    least MK_TABLE_HEAD entries' worth and MK_TABLE_HEAD ready words (zero past n), which a
+    launched block copies at its entry."""
+    head = LIMITS["MK_TABLE_HEAD"]
+    return max(ready_offset(n) + 4 * max(n, head), head * TENSOR_DTYPE.itemsize)
 
 
 def empty_instrs(n: int) -> np.ndarray:

@@ -1,9 +1,9 @@
 """Which of its pages an instruction's loader fills, and when its compute role gives them back.
 
-An SM runs two roles (pages.py has the picture): a loader warp one instruction ahead and the
-compute warps. Pages are the hand-over between them, so both need to agree, per instruction,
-on three things, all in positions 0 .. rec["pages"]-1 of the instruction's own page table
-(acquisition order), never physical page numbers:
+An SM runs two roles (pages.py has the picture): a loader warp up to MK_SLOTS - 1 instructions
+ahead and the compute warps. Pages are the hand-over between them, so both need to agree, per
+instruction, on three things, all in positions 0 .. rec["pages"]-1 of the instruction's own
+page table (acquisition order), never physical page numbers:
 
 * ``preload_early``: pages the loader writes BEFORE the dependency wait. Only operands with
   no producer in the graph may be read then (MK_FLAG_B_READY marks a GEMM whose B is one).

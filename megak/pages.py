@@ -9,20 +9,21 @@ Dynamic shared memory of one block (one per SM)::
       MK_CONTROL_BYTES   <= MK_PAGE_ALIGN
 
 The page count is what fits in the device's opt-in shared memory per block: 13 on H100/H200
-(232,448 B opt-in). Each block runs two roles over two instruction slots::
+(232,448 B opt-in). Each block runs two roles over ``SLOTS`` (instr.h MK_SLOTS, two)
+instruction slots::
 
     loader warp    fetch q | acquire | early preload | wait | late preload | ready q  ...  q+1
-    compute warps       ... q-1: phase 0 | release | phase 1 | release | signal, release rest
+    compute warps         ... q-1: phase 0 | release | phase 1 | release | signal, release rest
 
 Rules, honoured by the simulator and the megakernel alike:
 
-* the loader runs one instruction ahead: it fetches q once the compute role has finished
-  q-2 (two slots), then takes the record's ``pages`` pages, lowest-numbered free pages first,
-  strictly in queue order, waiting while too few are free;
+* the loader runs up to SLOTS - 1 instructions ahead: it fetches q into q's slot once the
+  compute role has finished q - SLOTS, the slot's previous record, then takes the record's ``pages`` pages, lowest-numbered free
+  pages first, strictly in queue order, waiting while too few are free;
 * pages are handed over as they are released: the compute role gives back a declared group
   of the instruction's pages after each phase of its op, and the rest after its last phase,
-  so q+1's loader can take and fill them while q still computes; a page is never taken
-  while an earlier instruction still holds it;
+  so a later instruction's loader can take and fill them while q still computes; a page is
+  never taken while an earlier instruction still holds it;
 * before the dependency wait the loader writes only loads of operands with no producer
   (MK_FLAG_B_READY); the rest of the op's first stages after it;
 * which pages an op preloads, uses and releases in each phase is its page plan
@@ -37,7 +38,7 @@ from . import abi
 from .errors import GraphError
 
 PAGE_BYTES = abi.PAGE_BYTES
-SLOTS = 2
+SLOTS = abi.SLOTS
 
 # What H100/H200 report; used where no device is queried (simulator, CI).
 HOPPER_OPTIN_SMEM = 232_448

@@ -562,12 +562,14 @@ def stats(plan: Plan) -> dict:
         if len(p) == 0:
             peak.append(0)
             continue
-        pair = p[:-1] + p[1:] if len(p) > 1 else p
-        # two slots: the next instruction holds its pages while the current one runs,
-        # when both fit; otherwise it waits for the release
-        pair = np.where(pair <= plan.n_pages, pair, np.maximum(p[:-1], p[1:])) \
-            if len(p) > 1 else p
-        peak.append(int(max(pair.max(), p.max())))
+        # up to pages.SLOTS - 1 instructions after the running one hold their pages while it
+        # runs, as many as fit beside it; the next one waits for a release
+        peak_here = int(p.max())
+        for k in range(1, min(pages.SLOTS, len(p))):
+            window = sum(p[j:len(p) - k + j] for j in range(k + 1))   # k + 1 in a row
+            fits = window[window <= plan.n_pages]
+            peak_here = max(peak_here, int(fits.max()) if len(fits) else 0)
+        peak.append(peak_here)
     return {
         "instructions": int(len(ins)),
         "instructions_per_opcode": by_op,

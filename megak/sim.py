@@ -1,13 +1,14 @@
 """The CPU simulator: the living definition of every opcode and of the scheduling protocol.
 
 It executes the *encoded* per-SM queues (the bytes the GPU gets). Each SM has the device's
-two roles, and every role is an actor that makes at most one transition per scheduling
-round, actors interleaved round-robin or in a seeded random order::
+two roles over its ``SLOTS`` instruction slots, and every role is an actor that makes at
+most one transition per scheduling round, actors interleaved round-robin or in a seeded
+random order::
 
-    loader  (one instruction ahead)          compute (queue order)
+    loader  (up to SLOTS - 1 ahead)          compute (queue order)
     -------------------------------          ---------------------
     1. fetch q into a free slot               waits for slot q ready
-       (compute has finished q-2)             phase 0: the op reads its operands
+       (compute has finished q - SLOTS)       phase 0: the op reads its operands
     2. acquire rec.pages pages, lowest        ... after each phase: release that
        free first; wait while too few           phase's pages (page_plan.py)
     3. early preloads (operands with no       after the last: outputs written,
@@ -15,11 +16,11 @@ round, actors interleaved round-robin or in a seeded random order::
     4. wait for the counters                    the slot
     5. late preloads, slot ready
 
-So instruction q+1's loader takes pages while q still computes, but only pages q has
-released. Counters persist across runs with epochs, like the device's. When no actor can
-move, that is a hang: MegakernelHang carries the record the GPU writes (SM, queue index,
-opcode, counter, expected, observed); a loader starved of pages nobody will release is a page
-leak. It also checks what the GPU cannot cheaply check: every region read was completely
+So the loader of a later instruction takes pages while q still computes, but only pages no
+earlier instruction holds. Counters persist across runs with epochs, like the device's. When no
+actor can move, that is a hang: MegakernelHang carries the record the GPU writes (SM, queue
+index, opcode, counter, expected, observed); a loader starved of pages nobody will release is a
+page leak. It also checks what the GPU cannot cheaply check: every region read was completely
 written first (a missing dependency is an error here, not a flaky result), every page is held
 by one instruction at a time, written and used only while its instruction holds it, and
 released exactly once by the instruction that acquired it.
@@ -46,6 +47,7 @@ from . import page_plan as _page_plan
 from .dtypes import numpy_dtype
 from .errors import MegakernelError, raise_for_status
 from .ops import BY_OPCODE
+from .pages import SLOTS
 from .plan import Plan
 from .runtime.flag_model import next_stamp
 
@@ -304,9 +306,9 @@ class SimExecutor:
             cur = loading[s]
             queue = queues[s]
             if cur is None:
-                # 1. fetch into a free slot: the compute role has finished q-2
+                # 1. fetch into a free slot: the compute role has finished q - SLOTS
                 q = ld_next[s]
-                if q >= len(queue) or len(slots[s]) >= 2:
+                if q >= len(queue) or len(slots[s]) >= SLOTS:
                     return False
                 rec = queue[q]
                 self._validate(s, q, rec, stop)
@@ -315,7 +317,7 @@ class SimExecutor:
                 loading[s] = cur
                 if events is not None:
                     e = events[qs[s] + q]
-                    e["queue_index"], e["sm"], e["slot"] = q, s, q % 2
+                    e["queue_index"], e["sm"], e["slot"] = q, s, q % SLOTS
                     e["opcode"], e["op_index"] = rec["opcode"], rec["op_index"]
                 mark(s, cur, "MK_T_FETCH")
                 return True

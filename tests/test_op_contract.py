@@ -44,7 +44,7 @@ def test_dispatch_list_matches_the_registry():
         header = (ROOT / "device" / "ops" / f"{name}.cuh").read_text()
         for fn in ("check", "check_operands", "run"):
             assert re.search(rf"\bmk_{name}_{fn}\(", header), f"{name}.cuh lacks mk_{name}_{fn}"
-        for fn in ("preload_stages", "preload", "preload_late"):
+        for fn in ("preload_stages", "preload", "preload_late", "preload_drain"):
             has = bool(re.search(rf"\bmk_{name}_{fn}\(", header))
             assert has == bool(preload), f"{name}: preload column {preload}, mk_{name}_{fn}"
         # the early operand is what the loader preloads before the waits
@@ -58,7 +58,7 @@ def test_every_dispatch_into_an_op_is_guarded_by_its_body():
     src = (ROOT / "device" / "megakernel.cu").read_text().replace("\\\n", " ")
     defs = re.findall(r"#define X\(OP, name, PRELOAD\)(.*)", src)
     calls = [d for d in defs if "mk_##name##_" in d or "MK_PRELOAD" in d]
-    assert len(calls) == 6, defs   # check, check_operands, run, the three preload entries
+    assert len(calls) == 7, defs   # check, check_operands, run, the four preload entries
     for d in calls:
         assert "MK_OP_BUILT(OP)" in d, d
 

@@ -70,7 +70,7 @@ _RECORD_BODY = f"""            unsigned long long* d = mkp_leak + blockIdx.x * {
                 d[6] = table;
                 d[7] = v.stream_stages;
                 d[8] = s.released;
-                d[9] = *reinterpret_cast<volatile mk_u64*>(&ctl.empty[(q - 1u) & 1u]);
+                d[9] = *reinterpret_cast<volatile mk_u64*>(&ctl.empty[mk_slot_of(q - 1u)]);
                 d[10] = *reinterpret_cast<volatile mk_u32*>(&ctl.stream_hold);
                 d[11] = *reinterpret_cast<volatile mk_u32*>(&ctl.ring_stop);
                 d[12] = ctl.n;
@@ -107,9 +107,9 @@ _TAKEN_COUNTED = f"""        if (mk_pages_try_acquire(&ctl.free_pages, s.page, n
 
 
 # what the loader saw when it sampled "idle": the raw barrier word, the allocator mask, the time
-_IDLE = ("        const bool idle = q == 0 || mk_mbar_try_wait(&ctl.empty[(q - 1) & 1], "
-         "((q - 1) >> 1) & 1);\n")
-_IDLE_SAMPLED = _IDLE + """        const mk_u64 mkp_w = q == 0 ? 0ull : *reinterpret_cast<volatile mk_u64*>(&ctl.empty[(q - 1u) & 1u]);
+_IDLE = ("        const bool idle = q == 0 || mk_mbar_try_wait(&ctl.empty[mk_slot_of(q - 1)],\n"
+         "                                                      mk_slot_parity(q - 1));\n")
+_IDLE_SAMPLED = _IDLE + """        const mk_u64 mkp_w = q == 0 ? 0ull : *reinterpret_cast<volatile mk_u64*>(&ctl.empty[mk_slot_of(q - 1u)]);
         const mk_u32 mkp_f = mk_pages_free_now(&ctl.free_pages);
         const mk_u64 mkp_t = mk_globaltimer();
         ++mkp_polls;
@@ -124,7 +124,7 @@ _RELEASE_MARKED = f"""    volatile unsigned long long* mkp_m = mkp_sig + blockId
     mkp_m[2] = mk_pages_free_now(&ctl.free_pages) | ((mk_u64)s.released << 32);
     mkp_m[0] = ((mk_u64)ctl.ticket << 32) | (q + 1u);
 """
-_ARRIVE = "    mk_mbar_arrive(&ctl.empty[q & 1]);\n}\n"
+_ARRIVE = "    mk_mbar_arrive(&ctl.empty[mk_slot_of(q)]);\n}\n"
 _ARRIVE_MARKED = "    mkp_m[3] = mk_globaltimer();\n" + _ARRIVE
 _DECLS = (f"__device__ unsigned long long mkp_leak[{NSM * NFIELD}u];\n"
           f"__device__ unsigned long long mkp_sig[{NSM * 4}u];\n"

@@ -68,10 +68,10 @@ def patch(src):
     # loader: record + operands fetched
     rep('            e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};\n',
         '            if (blockIdx.x == 0 && q == 0 && s.ins.opcode != 0xffffu) MKP(6, ctl.ticket);\n            e = {MK_OK, q, s.ins.opcode, s.ins.op_index, 0, 0, 0};\n')
-    rep('        __syncwarp();\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n',
-        '        __syncwarp();\n        if (lane == 0 && blockIdx.x == 0 && q == 0) MKP(16, ctl.ticket);\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n')
-    rep('        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n',
-        '        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(17, ctl.ticket);\n')
+    rep('        __syncwarp();\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[mk_slot_of(q)]);\n',
+        '        __syncwarp();\n        if (lane == 0 && blockIdx.x == 0 && q == 0) MKP(16, ctl.ticket);\n        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[mk_slot_of(q)]);\n')
+    rep('        const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);\n',
+        '        const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);\n        if (tid == 0 && blockIdx.x == 0 && q == 0) MKP(17, ctl.ticket);\n')
     rep('            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n',
         '            if (error == MK_OK && p.debug && !mk_op_check_operands(s.ins, s.operand))\n                error = MK_ERR_BAD_DESCRIPTOR;\n            if (blockIdx.x == 0 && q == 0 && error != 0xffffu) MKP(18, ctl.ticket);\n')
     rep('            s.stream_stages = error == MK_OK ? streamed : 0u;\n            stream_pos += s.stream_stages;\n',

@@ -131,7 +131,7 @@ __device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 l
 }
 
 """.replace("LANDED", str(LANDED)).replace("MAXPOS", f"{MAXPOS}u").replace("NMARK", f"{NMARK}u")
-_LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead"
+_LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs up to MK_SLOTS - 1"
 _IDLE_WARPS = "            mk_streamer(queue, ctl.n, lane);\n        else\n            return;\n"
 
 _STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot],\n"
@@ -730,11 +730,11 @@ MARKS = [
     ("            stream_pos += s.stream_stages;\n",
      "            stream_pos += s.stream_stages;\n"
      "            if (s.stream_stages > 0) MKP(s.stream_pos, 12);\n"),
-    ("        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n",
+    ("        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[mk_slot_of(q)]);\n",
      "        if (lane == 0 && s.stream_stages > 0) MKP(s.stream_pos, 13);\n"
-     "        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[q & 1]);\n"),
-    ("        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n",
-     "        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);\n"
+     "        if (lane == 0)\n            mk_mbar_arrive(&ctl.full[mk_slot_of(q)]);\n"),
+    ("        const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);\n",
+     "        const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);\n"
      "        if (tid == 0 && ready && s.stream_stages > 0) MKP(s.stream_pos, 14);\n"),
     ("    const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */\n",
      "    if (threadIdx.x == 0 && pages.stream_stages > 0) MKP(pages.stream_pos, 15);\n"

@@ -24,6 +24,10 @@ wraps within the instruction), then one more of the first's weights (20 rows: tw
 per stage, two parts combined) and one of its own (8 rows in narrow bands: a stage of two
 boxes, the last one past K's end), so that stages are read by 2 and 1 warps in every order,
 as launches and as resident requests (the ring's barriers set up again per request).
+A fifth, tiles_graph, on 2 SMs: paged transposes (device/ops/transpose.cuh), whole tiles the
+loader copies into pages by bulk copies one instruction ahead, several per SM, one of them
+reading another SM's copy (generic stores, then the loader's proxy fence), with edge tiles
+between them on the register path; as launches and as resident requests.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -127,6 +131,19 @@ RING_MORE = {"xs": ("zs", 20, "wr1"),   # wr1 again: two readers per stage, 2 pa
 RING_SMS = 2
 
 
+TILES_X, TILES_SMS = (260, 384), 2
+
+
+def tiles_graph() -> megak.Graph:
+    """tt = copy(x)^T and tx = x^T (x: TILES_X fp32): six whole 128 x 128 tiles and three at
+    the edges each, on TILES_SMS SMs."""
+    g = megak.Graph()
+    x = g.input("x", TILES_X, "float32")
+    g.output(g.transpose(g.copy(x)), "tt")
+    g.output(g.transpose(x), "tx")
+    return g
+
+
 def ring_graph() -> megak.Graph:
     """zr = relu(xr @ wr1) @ wr2, zs = xs @ wr1, zt = xt @ wr3, all streamed through the
     weight ring (on RING_SMS SMs)."""
@@ -221,7 +238,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
-    prog = prog2 = prog3 = prog4 = None
+    prog = prog2 = prog3 = prog4 = prog5 = None
     g = build(args.m, args.k, args.n)
     g2 = wgmma_graph()
     try:
@@ -231,6 +248,9 @@ def main(argv=None) -> int:
         prog3 = megak.compile(g3, backend="cuda", n_sm=8, timeout_s=args.timeout, debug=True)
         g4 = ring_graph()
         prog4 = megak.compile(g4, backend="cuda", n_sm=RING_SMS, timeout_s=args.timeout,
+                              debug=True)
+        g5 = tiles_graph()
+        prog5 = megak.compile(g5, backend="cuda", n_sm=TILES_SMS, timeout_s=args.timeout,
                               debug=True)
         streamed = prog4.plan.instrs["flags"] & abi.FLAG_STREAM
         if prog4.plan.stream_pages == 0 or not streamed.all():
@@ -242,14 +262,14 @@ def main(argv=None) -> int:
         return 2
     ok = True
     try:
-        for pr in (prog, prog2, prog3, prog4):
+        for pr in (prog, prog2, prog3, prog4, prog5):
             ex = getattr(pr, "_executor", None)
             if ex is not None and hasattr(ex, "host_timeout_s"):
                 ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
         resident = None
         for run in range(2 * args.runs):
             if run == args.runs:   # the same runs again as requests of a resident kernel
-                resident = megak.resident(prog, prog4, idle_s=math.inf)
+                resident = megak.resident(prog, prog4, prog5, idle_s=math.inf)
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
@@ -312,6 +332,12 @@ def main(argv=None) -> int:
             out4 = prog4.run(**w) if resident is None else resident.submit(prog4, **w).wait()
             results += check_ring(g4, w, out4, f"weight ring of {prog4.plan.stream_pages} "
                                                "pages")
+            x = rng.uniform(-1, 1, TILES_X).astype(np.float32)
+            out5 = prog5.run(x=x) if resident is None else resident.submit(prog5, x=x).wait()
+            for name in ("tt", "tx"):
+                same = np.array_equal(out5[name], x.T)
+                results.append((same, f"{name} = x^T (paged transposes): "
+                                      f"{'exact' if same else 'differs'}"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
                 print(f"sanitize_graph: {how} {run}: {'ok' if good else 'MISMATCH'}: {msg}",
@@ -324,7 +350,7 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        for pr in (prog, prog2, prog3, prog4):
+        for pr in (prog, prog2, prog3, prog4, prog5):
             close = getattr(pr, "close", None)
             if close is not None:
                 try:

@@ -42,9 +42,14 @@ enum mk_limits {
     MK_BLOCK_THREADS = 384,    /* megakernel block: the compute warps + one warpgroup whose first
                                   warp is the loader (setmaxnreg moves registers per warpgroup) */
     MK_TENSOR_ALIGN_BYTES = 16, /* rows of megak-owned buffers start 16-B aligned (ld padded) */
+    MK_SLOTS = 2,              /* instruction slots per block (pages.cuh): the loader fills up
+                                  to q + MK_SLOTS - 1 while the compute warps run q. Two: the
+                                  paged transpose (W4-16384-fp32) ran 639 us on two and 702 on
+                                  three; W1 and the W2 rows within 1% (benchmarks/ANALYSIS.md) */
     MK_TABLE_HEAD = 40         /* tensor table entries a launched block's loader copies to shared
-                                  memory at entry (megakernel.cu); every table the host makes
-                                  is at least this long (abi.table_bytes) */
+                                  memory at entry (megakernel.cu), with as many ready words;
+                                  every table the host makes holds at least this many of
+                                  each (abi.table_bytes) */
 };
 
 /* Tile shapes, stage sizes and page needs of each op: lowering, page plans (Python) and the
@@ -62,11 +67,11 @@ enum mk_op_shapes {
                                   empty to issue its next load into when it starts */
     MK_GEMM_STAGE_ROWS = 32,   /* epilogue: staging rows of 128 fp32 per page, so a tile of
                                   fewer rows keeps fewer pages for its epilogue */
-    MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region = 64 KiB in flight per SM */
-    MK_TRANSPOSE_MAX_TILES = 2, /* tiles one instruction takes side by side along its output
-                                  columns (a 128 x 256 region at most): the second tile's
-                                  loads are in flight while the first is stored */
-    MK_TRANSPOSE_PAGES = 0,    /* the tile travels in registers (4 x 4 blocks), no smem hop */
+    MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region per instruction (64 KiB) */
+    MK_TRANSPOSE_PAGES = 4,    /* the tile, copied in by the loader one instruction ahead */
+    MK_TRANSPOSE_PAGE_ROWS = 32, /* A rows of the tile per page (512 B each: 128 fp32) */
+    MK_TRANSPOSE_READY = 131072 + 32, /* the ready word of a transpose's A map: 2^17 + its box
+                                  rows (MK_TRANSPOSE_PAGE_ROWS); fp32, 128 columns, no swizzle */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
     MK_REDUCE_MAX_ROWS = 128,
@@ -263,11 +268,14 @@ typedef struct mk_instr {
  *
  * A tensor table of n entries is followed, in the same buffer, by the tensor maps of its TMA
  * operands: at byte offset mk_tmap_offset(n) = 24 n rounded up to MK_TMAP_BYTES,
- * CUtensorMap[n] (entry i encodes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes,
- * box {MK_STREAM_BOX_COLS, box rows}, 128-B swizzle, zero fill out of bounds), then
- * mk_u32 ready[n]: the box rows map i was encoded with for this table (MK_STREAM_BOX_ROWS:
- * B of a streamed GEMM or A of a wgmma GEMM; MK_WGMMA_B_BOX_ROWS: B of a wgmma GEMM), 0 where
- * it was not (not 16-B aligned, or not needed: the op then loads the operand itself). */
+ * CUtensorMap[n] (entry i encodes tensor i: dims {cols, rows}, row stride ld elements, zero
+ * fill out of bounds; a GEMM operand's bf16 with box {MK_STREAM_BOX_COLS, box rows} and the
+ * 128-B swizzle, a transpose's A fp32 with box {MK_TRANSPOSE_TILE, MK_TRANSPOSE_PAGE_ROWS}
+ * unswizzled), then mk_u32 ready[n]: which box map i was encoded with for this table
+ * (MK_STREAM_BOX_ROWS: B of a streamed GEMM or A of a wgmma GEMM; MK_WGMMA_B_BOX_ROWS: B of a
+ * wgmma GEMM; MK_STREAM_NARROW_READY: B of a narrow streamed band; MK_TRANSPOSE_READY: A of a
+ * transpose), 0 where it was not (not 16-B aligned, or not needed: the op then loads the
+ * operand itself). runtime/tensor_maps.py writes them. */
 typedef struct mk_tensor {
     mk_u64 ptr;
     mk_u32 rows;

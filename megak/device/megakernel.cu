@@ -10,8 +10,9 @@
  *
  *   warps 0-7  (256 threads, 224 regs)  compute: run instruction q, hand its pages back in
  *                                       the op's release order, signal its counters
- *   warp  8    (32 lanes, 56 regs)      loader: one instruction ahead: fetch q+1, validate,
- *                                       acquire pages, preload B, wait, preload the rest
+ *   warp  8    (32 lanes, 56 regs)      loader: up to MK_SLOTS - 1 instructions ahead: fetch
+ *                                       the next record, validate, acquire pages, preload B,
+ *                                       wait, preload the rest
  *   warp  10   (lane 0, 56 regs)        streamer: the weight ring of the streamed GEMMs,
  *                                       as far ahead as the ring allows (stream.cuh)
  *   warps 9,11                          leave at once (setmaxnreg works per warpgroup)
@@ -20,9 +21,12 @@
  *   compute   ...run q .........................| release early pages ...| signal q | empty[q]
  *                                                                         run q+1 (data there)
  *
- * Two slots (mk_control.slot[q & 1]) carry record, operand descriptors, page table and the
- * loader's verdict; each has two mbarriers: full (loader -> compute: the slot and the preloaded
- * bytes are ready) and empty (compute -> loader: the slot may be refilled).
+ * MK_SLOTS slots (instr.h, which says why that many; mk_control.slot[q % MK_SLOTS]) carry
+ * record, operand descriptors, page table and the loader's verdict; each has two mbarriers:
+ * full (loader -> compute: the slot and the preloaded bytes are ready) and empty (compute ->
+ * loader: the slot may be refilled). The loader fetches, checks and fills up to q + MK_SLOTS - 1
+ * while q runs; pages still decide how far ahead it gets (a record takes its pages only when
+ * the ones before it leave enough).
  *
  * The slot's empty barrier counts MK_THREADS arrivals, one per compute thread after the
  * compute barrier (C4), and every loader lane waits on it before writing the slot (L1). One
@@ -59,12 +63,14 @@
 /* The op table: the one dispatch list. X(OP, name, PRELOAD) expects mk_<name>_run / _check /
  * _check_operands (the op's header), MK_<OP>_PAGES and MK_<OP>_OPERANDS (instr.h), and with
  * PRELOAD = 1 mk_<name>_preload_stages / _preload: the loader fills the op's first pipeline
- * stages (pages.cuh, mk_preload_parts), and mk_<name>_preload_late: what the loader still
- * produces for the op once it runs (the wgmma GEMM's later stages). tests/test_op_contract.py
+ * stages (pages.cuh, mk_preload_parts), mk_<name>_preload_late: what the loader still
+ * produces for the op once it runs (the wgmma GEMM's later stages), and
+ * mk_<name>_preload_drain: what the loader waits for when it leaves (copies of records the
+ * compute warps may never run: the paged transpose's tiles). tests/test_op_contract.py
  * checks this list against the Python registry and instr.h. */
 #define MK_FOR_EACH_OP(X)      \
     X(COPY, copy, 0)           \
-    X(TRANSPOSE, transpose, 0) \
+    X(TRANSPOSE, transpose, 1) \
     X(GEMM, gemm, 1)           \
     X(REDUCE, reduce, 0)       \
     X(ADD, add, 0)             \
@@ -140,10 +146,12 @@ __device__ __forceinline__ void mk_op_run(const mk_instr& in, const mk_tensor* o
 /* The preloading ops' entries: MK_PRELOAD_<0|1>(name) selects the op's functions or nothing. */
 #define MK_PRELOAD_STAGES_0(name, in, op) 0u
 #define MK_PRELOAD_STAGES_1(name, in, op) mk_##name##_preload_stages(in, op)
-#define MK_PRELOAD_0(name, in, op, pages, lane, parts)
-#define MK_PRELOAD_1(name, in, op, pages, lane, parts) mk_##name##_preload(in, op, pages, lane, parts)
+#define MK_PRELOAD_0(name, in, op, pages, lane, parts, q) 0u
+#define MK_PRELOAD_1(name, in, op, pages, lane, parts, q) mk_##name##_preload(in, op, pages, lane, parts, q)
 #define MK_PRELOAD_LATE_0(name, in, op, pages, lane) MK_OK
 #define MK_PRELOAD_LATE_1(name, in, op, pages, lane) mk_##name##_preload_late(in, op, pages, lane)
+#define MK_PRELOAD_DRAIN_0(name, lane)
+#define MK_PRELOAD_DRAIN_1(name, lane) mk_##name##_preload_drain(lane)
 
 __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
@@ -156,16 +164,19 @@ __device__ __forceinline__ mk_u32 mk_op_preload_stages(const mk_instr& in, const
     }
 }
 
-__device__ __forceinline__ void mk_op_preload(const mk_instr& in, const mk_tensor* op,
-                                              const mk_pages& pages, mk_u32 lane, mk_u32 parts)
+/* Whether the preload issued cp.async copies (the loader waits for them at L7); bulk copies
+ * complete on the op's own barriers. */
+__device__ __forceinline__ mk_u32 mk_op_preload(const mk_instr& in, const mk_tensor* op,
+                                                const mk_pages& pages, mk_u32 lane, mk_u32 parts,
+                                                mk_u32 q)
 {
-    (void)op; (void)pages; (void)lane; (void)parts;
+    (void)op; (void)pages; (void)lane; (void)parts; (void)q;
     switch (in.opcode) {
 #define X(OP, name, PRELOAD) \
-    case MK_OP_##OP: if (MK_OP_BUILT(OP)) { MK_PRELOAD_##PRELOAD(name, in, op, pages, lane, parts); } break;
+    case MK_OP_##OP: return MK_OP_BUILT(OP) ? MK_PRELOAD_##PRELOAD(name, in, op, pages, lane, parts, q) : 0u;
         MK_FOR_EACH_OP(X)
 #undef X
-    default: break;
+    default: return 0u;
     }
 }
 
@@ -181,6 +192,16 @@ __device__ __forceinline__ mk_u32 mk_op_preload_late(const mk_instr& in, const m
 #undef X
     default: return MK_OK;
     }
+}
+
+/* When the loader leaves, all 32 lanes: no copy it issued may land after the block is gone. */
+__device__ __forceinline__ void mk_op_preload_drain(mk_u32 lane)
+{
+    (void)lane;
+#define X(OP, name, PRELOAD) \
+    if (MK_OP_BUILT(OP)) { MK_PRELOAD_DRAIN_##PRELOAD(name, lane); }
+    MK_FOR_EACH_OP(X)
+#undef X
 }
 
 /* Step L2. Everything checkable from the record alone (no global loads on the hot path), in
@@ -230,11 +251,28 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
     return bad ? MK_ERR_BAD_DESCRIPTOR : MK_OK;
 }
 
-/* Loader warp: copy the operand descriptors of slot s's record from the tensor table
+/* L2 reads records and descriptors with plain loads (the record one instruction ahead: its
+ * value waits in registers), each waited for by its store into the slot: no cp.async group
+ * for L7 to wait for where the op issues none. */
+__device__ __forceinline__ uint4 mk_ld_cg_16(const void* p)
+{
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ mk_u64 mk_ld_ca_8(const void* p)
+{
+    mk_u64 v;
+    asm volatile("ld.global.ca.u64 %0, [%1];" : "=l"(v) : "l"(p));
+    return v;
+}
+
+/* Loader warp: the operand descriptors of slot s's record from the tensor table
  * (lane = 3 * operand + 8-byte part; mk_tensor is 24 bytes): from the table's head in shared
- * memory where it holds the entry (the first head_n), else from global memory. Commits one
- * group per lane. */
-__device__ __forceinline__ void mk_fetch_operands(mk_slot& s, const mk_tensor* tensors,
+ * memory where it holds the entry (the first head_n), else from global memory. */
+__device__ __forceinline__ void mk_load_operands(mk_slot& s, const mk_tensor* tensors,
                                                   mk_u32 n_tensors, const mk_tensor* head,
                                                   mk_u32 head_n, mk_u32 lane)
 {
@@ -247,16 +285,18 @@ __device__ __forceinline__ void mk_fetch_operands(mk_slot& s, const mk_tensor* t
             if (slot < head_n)
                 *to = reinterpret_cast<const mk_u64*>(&head[slot])[part];
             else
-                mk_cp_async_8(to, reinterpret_cast<const mk_u64*>(&tensors[slot]) + part);
+                *to = mk_ld_ca_8(reinterpret_cast<const mk_u64*>(&tensors[slot]) + part);
         }
     }
-    mk_cp_async_commit();
 }
 
 /* Loader warp, at a launch's entry: start copying the first MK_TABLE_HEAD entries of the
  * tensor table into ctl.table_head (16-B pieces: the table is 128-B aligned and at least that
- * long, instr.h). Commits one group. */
-__device__ __forceinline__ void mk_fetch_table_head(const mk_tensor* tensors, mk_u32 lane)
+ * long, instr.h), and, where the build holds the paged transpose, their ready words into
+ * ctl.ready_head (after the entries: their address needs n_tensors, a load still in flight).
+ * Commits one group. */
+__device__ __forceinline__ void mk_fetch_table_head(const mk_tensor* tensors, mk_u32 n_tensors,
+                                                    mk_u32 lane)
 {
     constexpr mk_u32 pieces = MK_TABLE_HEAD * sizeof(mk_tensor) / 16u;
     static_assert(MK_TABLE_HEAD * sizeof(mk_tensor) % 16u == 0, "whole 16-B pieces");
@@ -264,16 +304,42 @@ __device__ __forceinline__ void mk_fetch_table_head(const mk_tensor* tensors, mk
     const unsigned char* from = reinterpret_cast<const unsigned char*>(tensors);
     for (mk_u32 i = lane; i < pieces; i += 32u)
         mk_cp_async_16(to + 16u * i, from + 16u * i);
+    if (MK_BUILT(1u << MK_OP_TRANSPOSE)) {
+        constexpr mk_u32 words = MK_TABLE_HEAD * 4u / 16u;
+        static_assert(MK_TABLE_HEAD * 4u % 16u == 0, "whole 16-B pieces of ready words");
+        unsigned char* rto = reinterpret_cast<unsigned char*>(mk_ctl().ready_head);
+        const unsigned char* rfrom = from + mk_tmap_offset(n_tensors) +
+                                     (mk_u64)MK_TMAP_BYTES * n_tensors;
+        for (mk_u32 i = lane; i < words; i += 32u)
+            mk_cp_async_16(rto + 16u * i, rfrom + 16u * i);
+    }
     mk_cp_async_commit();
 }
 
-/* Loader warp: start copying record q (128 B, 8 lanes x 16 B) into slot s. Commits one group. */
+/* Loader warp, at a launch's entry: start copying record 0 (128 B, 8 lanes x 16 B) into slot
+ * s. Commits one group. */
 __device__ __forceinline__ void mk_fetch_record(mk_slot& s, const mk_instr* rec, mk_u32 lane)
 {
     if (rec != nullptr && lane < MK_INSTR_BYTES / 16)
         mk_cp_async_16(reinterpret_cast<unsigned char*>(&s.ins) + 16 * lane,
                        reinterpret_cast<const unsigned char*>(rec) + 16 * lane);
     mk_cp_async_commit();
+}
+
+/* Loader warp: a lane's 16 B of a record (lanes 0-7; the others get zeros), a plain load
+ * whose value is used one record later (mk_loader, L2). */
+__device__ __forceinline__ uint4 mk_record_part(const mk_instr* rec, mk_u32 lane)
+{
+    return lane < MK_INSTR_BYTES / 16
+               ? mk_ld_cg_16(reinterpret_cast<const unsigned char*>(rec) + 16 * lane)
+               : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* Loader warp, L2: the record's parts into slot s. */
+__device__ __forceinline__ void mk_store_record(mk_slot& s, uint4 part, mk_u32 lane)
+{
+    if (lane < MK_INSTR_BYTES / 16)
+        *reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(&s.ins) + 16 * lane) = part;
 }
 
 
@@ -398,7 +464,8 @@ __device__ mk_u32 mk_loader_acquire(mk_control& ctl, mk_slot& s, mk_u32 q, mk_u6
     for (;;) {
         /* sample "all earlier instructions done" before the pages: a release that lands
          * between the two reads is then seen by the retry */
-        const bool idle = q == 0 || mk_mbar_try_wait(&ctl.empty[(q - 1) & 1], ((q - 1) >> 1) & 1);
+        const bool idle = q == 0 || mk_mbar_try_wait(&ctl.empty[mk_slot_of(q - 1)],
+                                                      mk_slot_parity(q - 1));
         if (mk_pages_try_acquire(&ctl.free_pages, s.page, need))
             return MK_OK;
         *observed = (mk_u32)__popc(mk_pages_free_now(&ctl.free_pages));
@@ -533,18 +600,20 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
     __syncwarp();
 }
 
-/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs one instruction ahead
- * of the compute warps.
+/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs up to MK_SLOTS - 1
+ * instructions ahead of the compute warps.
  *
- *   L1. wait until slot q & 1 is empty (the compute warps finished q - 2), every lane
- *       itself: each lane's own acquire of the phase orders the compute threads' reads of
- *       the slot before its writes of the next record (see "The slot's empty barrier")
+ *   L1. wait until slot q % MK_SLOTS is empty (the compute warps finished q - MK_SLOTS),
+ *       every lane itself: each lane's own acquire of the phase orders the compute threads'
+ *       reads of the slot before its writes of the next record (see "The slot's empty
+ *       barrier")
  *   L2. fetch record q and its operand descriptors; validate (lane 0)
- *   L3. acquire its pages (waiting for the ones q - 1 still holds)
+ *   L3. acquire its pages (waiting for the ones the records before it still hold)
  *   L4. early preload: operand B of the op's first stages, when B has no producer
  *   L5. wait for its counters (relaxed polls, then fence.acquire)
  *   L6. late preload: the rest of the first stages
- *   L7. once its copies have landed, lane 0 arrives on full[q & 1]
+ *   L7. once its cp.async copies have landed, lane 0 arrives on full[q % MK_SLOTS] (bulk copies
+ *       complete on the op's own barriers: not waited for here)
  *   L8. what it still produces for q while q runs (mk_op_preload_late: the wgmma GEMM's
  *       stages past the first four), then on to q + 1
  *
@@ -564,24 +633,33 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
     mk_stop_info& e = ctl.loader_stop;
     mk_u32 stream_pos = 0;   /* lane 0: the weight stream's next stage position */
     const mk_u32 head_n = first_fetched ? (mk_u32)MK_TABLE_HEAD : 0u;
+    if (lane == 0)   /* the ready words came with the head where the build fetched them */
+        ctl.ready_head_n = MK_BUILT(1u << MK_OP_TRANSPOSE) ? head_n : 0u;
+    /* Record q + 1 is loaded at L2 of q: its round trip (0.4-2 us under a saturated HBM) is
+     * spent while q is prepared, not between the two. Loaded at L6 instead, after q's copies,
+     * W4 ran 656 us against 616 (benchmarks/results/transpose-head/ab-head.log). The queue does
+     * not change while an invocation runs. */
+    uint4 next = n > 0 && !first_fetched ? mk_record_part(queue, lane) : make_uint4(0, 0, 0, 0);
     for (mk_u32 q = 0; q < n; ++q) {
-        mk_slot& s = ctl.slot[q & 1];
+        mk_slot& s = ctl.slot[mk_slot_of(q)];
         mk_u32 error = MK_OK;
         /* L1 (past the deadline: MK_ERR_TIMEOUT with expected 0, which no counter wait has:
          * the host reports it as a wait for this SM's own instruction) */
-        if (q >= 2 &&
-            !mk_mbar_wait(&ctl.empty[q & 1], ((q - 2) >> 1) & 1, mk_deadline(p.timeout_ns)))
+        if (q >= MK_SLOTS && !mk_mbar_wait(&ctl.empty[mk_slot_of(q)], mk_slot_parity(q - MK_SLOTS),
+                                           mk_deadline(p.timeout_ns)))
             error = MK_ERR_TIMEOUT;
         error = __shfl_sync(0xffffffffu, error, 0);
         /* L2 */
         if (error == MK_OK) {
             if (q > 0 || !first_fetched)
-                mk_fetch_record(s, queue + q, lane);
-            mk_cp_async_wait_all();
-            __syncwarp();   /* every lane's copies (record, and the head) seen by the warp */
-            mk_fetch_operands(s, reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors,
-                              ctl.table_head, head_n, lane);
-            mk_cp_async_wait_all();
+                mk_store_record(s, next, lane);
+            else
+                mk_cp_async_wait_all();   /* record 0 and the head, requested at the entry */
+            if (q + 1 < n)
+                next = mk_record_part(queue + q + 1, lane);
+            __syncwarp();   /* every lane's part of the record (and the head) seen by the warp */
+            mk_load_operands(s, reinterpret_cast<const mk_tensor*>(p.tensors), p.n_tensors,
+                             ctl.table_head, head_n, lane);
             __syncwarp();
         }
         if (lane == 0) {
@@ -631,8 +709,9 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
         const mk_u32 stages = error == MK_OK ? mk_op_preload_stages(s.ins, s.operand) : 0u;
         const bool b_early = (s.ins.flags & MK_FLAG_B_READY) != 0;
         /* L4 */
+        mk_u32 cp_async = 0;   /* the preloads issued cp.async copies: L7 waits for them */
         if (stages > 0 && b_early)
-            mk_op_preload(s.ins, s.operand, pages, lane, MK_PRELOAD_B);
+            cp_async |= mk_op_preload(s.ins, s.operand, pages, lane, MK_PRELOAD_B, q);
         /* L5, all 32 lanes: one load instruction of the warp to one address is one request
          * whose value every lane sees, so the loop stays converged and no lane has to be
          * woken from a warp barrier after the wait (that cost ~0.2 us on the dependent path
@@ -660,8 +739,9 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
         error = __shfl_sync(0xffffffffu, error, 0);   /* one verdict, lane 0's */
         /* L6 */
         if (stages > 0 && error == MK_OK)
-            mk_op_preload(s.ins, s.operand, pages, lane,
-                          b_early ? (mk_u32)MK_PRELOAD_REST : (mk_u32)(MK_PRELOAD_B | MK_PRELOAD_REST));
+            cp_async |= mk_op_preload(s.ins, s.operand, pages, lane,
+                                      b_early ? (mk_u32)MK_PRELOAD_REST
+                                              : (mk_u32)(MK_PRELOAD_B | MK_PRELOAD_REST), q);
         if (lane == 0) {
             s.preloaded = stages;
             if (error != MK_OK) {
@@ -670,15 +750,16 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
                 s.stop = 1;
             }
         }
-        /* L7: the copies have landed (each lane waits for its own; the warp barrier orders
-         * them before lane 0's arrive, a release the compute warps acquire). One arrival: a
-         * per-lane arrive (or cp.async.mbarrier.arrive per lane) costs 32 serialised shared
-         * atomics on the dependent path. */
-        if (stages > 0)
+        /* L7: the cp.async copies have landed (each lane waits for its own; the warp barrier
+         * orders them before lane 0's arrive, a release the compute warps acquire). One
+         * arrival: a per-lane arrive (or cp.async.mbarrier.arrive per lane) costs 32 serialised
+         * shared atomics on the dependent path. Only where the preloads issued cp.async: TMA
+         * copies complete on the op's own barriers, which its compute threads wait on. */
+        if (cp_async)
             mk_cp_async_wait_all();
         __syncwarp();
         if (lane == 0)
-            mk_mbar_arrive(&ctl.full[q & 1]);
+            mk_mbar_arrive(&ctl.full[mk_slot_of(q)]);
         if (error != MK_OK)
             break;
         /* L8: what the loader still produces while the op runs (the wgmma GEMM's stages) */
@@ -694,6 +775,7 @@ __device__ __noinline__ void mk_loader(const mk_instr* queue, mk_u32 n, mk_u32 l
         }
     }
     mk_cp_async_wait_all();   /* no copy may land after the block is gone */
+    mk_op_preload_drain(lane);
 }
 
 /* C4, after the compute barrier: thread 0 signals the counters (fence.release + red per
@@ -703,7 +785,7 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
 {
     mk_control& ctl = mk_ctl();
     const mk_params& p = ctl.params;
-    mk_slot& s = ctl.slot[q & 1];
+    mk_slot& s = ctl.slot[mk_slot_of(q)];
 #if MK_TRACE
     if (ctl.trace_t[MK_T_LOADED] == 0)
         ctl.trace_t[MK_T_LOADED] = ctl.trace_t[MK_T_FETCH];
@@ -732,7 +814,7 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
     mk_trace_event* ev = reinterpret_cast<mk_trace_event*>(p.trace) + ctl.q_begin + q;
     ev->queue_index = q;
     ev->sm = (mk_u16)blockIdx.x;
-    ev->slot = (mk_u16)(q & 1);
+    ev->slot = (mk_u16)mk_slot_of(q);
     ev->opcode = s.ins.opcode;
     ev->pages_in_use = (mk_u16)s.pages_in_use;
     ev->op_index = s.ins.op_index;
@@ -743,16 +825,16 @@ __device__ __forceinline__ void mk_compute_signal(mk_u32 q)
     ev->t[MK_T_COMPUTED] = ctl.trace_t[MK_T_COMPUTED];
     ev->t[MK_T_STORED] = t_stored;
 #endif
-    mk_mbar_arrive(&ctl.empty[q & 1]);
+    mk_mbar_arrive(&ctl.empty[mk_slot_of(q)]);
 }
 
 /* The compute warps (threads 0 .. MK_THREADS-1), per instruction q:
- *   C1. wait for full[q & 1] (all 256 threads: each acquires the slot and the preloads)
+ *   C1. wait for full[q % MK_SLOTS] (all 256 threads: each acquires the slot and the preloads)
  *   C2. run the op; it hands pages back early where its page plan says so
  *   C3. compute barrier: every thread's global writes done, pages no longer read
- *   C4. thread 0: signal, release the remaining pages, arrive on empty[q & 1]; every other
- *       compute thread arrives on it right after the barrier (the phase completes with
- *       thread 0's arrival, the last of its work)
+ *   C4. thread 0: signal, release the remaining pages, arrive on empty[q % MK_SLOTS]; every
+ *       other compute thread arrives on it right after the barrier (the phase completes
+ *       with thread 0's arrival, the last of its work)
  * A function of its own, called after setmaxnreg.inc: ptxas then allocates it (like the op
  * bodies) with the compute warps' register budget instead of the entry's 168. Inlined into the
  * entry in the MK_WGMMA_ONLY variant, with the wgmma body (pages.cuh). */
@@ -766,11 +848,11 @@ __device__ __noinline__ void mk_compute()
     const mk_params& p = ctl.params;
     const mk_u32 tid = threadIdx.x, n = ctl.n;
     for (mk_u32 q = 0; q < n; ++q) {
-        mk_slot& s = ctl.slot[q & 1];
+        mk_slot& s = ctl.slot[mk_slot_of(q)];
         /* C1. The loader's waits are bounded, so this one only guards against a lost loader:
          * three of its deadlines (slot, pages, counters) plus a margin. */
         const mk_u64 deadline = mk_deadline(mk_patience(p.timeout_ns));
-        const bool ready = mk_mbar_wait(&ctl.full[q & 1], (q >> 1) & 1, deadline);
+        const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);
         if (!ready || s.stop) {
             if (tid == 0) {
                 atomicExch(&ctl.ring_stop, 1u);   /* the streamer stops and drains */
@@ -814,7 +896,7 @@ __device__ __noinline__ void mk_compute()
         if (tid == 0)
             mk_compute_signal(q);
         else
-            mk_mbar_arrive(&ctl.empty[q & 1]);
+            mk_mbar_arrive(&ctl.empty[mk_slot_of(q)]);
     }
     if (tid == 0) {
 #if MK_WGMMA_ONLY
@@ -831,7 +913,7 @@ __device__ __noinline__ void mk_compute()
         /* A leak is reported against the queue's last instruction, as the simulator does. */
         const mk_u32 free_now = mk_pages_free_now(&ctl.free_pages);
         if (p.debug && free_now != mk_all_pages_mask(p.n_pages - p.stream_pages)) {
-            const mk_instr& last = ctl.slot[(n - 1) & 1].ins;
+            const mk_instr& last = ctl.slot[mk_slot_of(n - 1)].ins;
             mk_stop_info e = {MK_ERR_PAGE_LEAK, n - 1, last.opcode, last.op_index, 0,
                               mk_all_pages_mask(p.n_pages - p.stream_pages), free_now};
             mk_stop(p, e);
@@ -981,7 +1063,7 @@ __device__ bool mk_begin_invocation(const mk_tensor* tensors, uint2 run, mk_u32 
     const mk_u32 ring = ctl.params.stream_pages;
     const bool ring_ok = ring <= MK_STREAM_MAX_RING && ring < n_pages;
     ctl.free_pages = ring_ok ? mk_all_pages_mask(n_pages - ring) : 0u;
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < MK_SLOTS; ++i) {
         mk_mbar_init(&ctl.full[i], 1u);         /* loader lane 0 */
         mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);   /* every compute thread */
     }
@@ -1049,6 +1131,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     const mk_u32 q_begin = queue_start[sm], q_end = queue_start[sm + 1];
     const bool loader = warp == MK_LOADER_WARP;
     const mk_u64 instrs = loader ? params->instrs : 0ull;   /* in flight with the rest */
+    const mk_u32 n_tensors = loader ? params->n_tensors : 0u;
     uint2 run = make_uint2(0u, 0u);
     if (tid == 0) {
         ctl.params = *params;
@@ -1067,7 +1150,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
         mk_fetch_record(ctl.slot[0],
                         q_end > q_begin ? reinterpret_cast<const mk_instr*>(instrs) + q_begin
                                         : nullptr, lane);
-        mk_fetch_table_head(tensors, lane);
+        mk_fetch_table_head(tensors, n_tensors, lane);
     }
 
     /* 0. Set up. The stop decision travels by __syncthreads_or (the last use of barrier 0:
@@ -1076,6 +1159,7 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
     if (tid == 0) {
         ctl.ring_inited = 0;   /* fresh shared memory: no ring barrier to invalidate */
         ctl.wgmma_inited = 0;  /* nor a wgmma GEMM's (ops/gemm_wgmma.cuh) */
+        ctl.transpose_inited = 0;   /* nor a paged transpose's (ops/transpose.cuh) */
         ctl.wgmma_held = 0;    /* MK_WGMMA_ONLY's chained ring starts empty, at position 0 */
         ctl.wgmma_pos = 0;
         stop = !mk_begin_invocation(tensors, run, ticket, q_begin, q_end);
@@ -1209,7 +1293,7 @@ __device__ void mk_take_request(const mk_resident_args& a, mk_u32 s)
         ctl.request = MK_REQUEST_SKIP;
         return;
     }
-    for (int i = 0; i < 2; ++i) {         /* initialised for the previous request */
+    for (int i = 0; i < MK_SLOTS; ++i) {  /* initialised for the previous request */
         mk_mbar_inval(&ctl.full[i]);
         mk_mbar_inval(&ctl.empty[i]);
     }
@@ -1412,12 +1496,13 @@ megakernel_resident(const mk_resident_args a)
     if (tid == 0) {
         mk_mbar_init(&ctl.request_ready, 1u);
         mk_mbar_init(&ctl.request_done, MK_JOIN_THREADS - 1u);
-        for (int i = 0; i < 2; ++i) {     /* valid from the start: each request invalidates */
+        for (int i = 0; i < MK_SLOTS; ++i) {   /* valid from the start: each request invalidates */
             mk_mbar_init(&ctl.full[i], 1u);   /* and initialises them again */
             mk_mbar_init(&ctl.empty[i], (mk_u32)MK_THREADS);
         }
         ctl.ring_inited = 0;   /* each request's set-up initialises the ring it needs */
         ctl.wgmma_inited = 0;  /* the first wgmma GEMM initialises its barriers */
+        ctl.transpose_inited = 0;   /* so does the first paged transpose */
     }
     __syncthreads();   /* the barriers are initialised before anyone waits on them */
     if (warp >= MK_THREADS / 32) {

@@ -3,9 +3,9 @@
  *   mk_smem (dynamic, 16-B aligned at least)
  *   +------------------------------------------+---------+--------+--------+-----+----------+
  *   | mk_control (<= MK_CONTROL_BYTES)         | slack   | page 0 | page 1 | ... | page n-1 |
- *   |  slot[0]: record | operands | page table | to next | 16 KiB | 16 KiB |     |          |
- *   |  slot[1]: record | operands | page table | 1 KiB   |        |        |     |          |
- *   |  mbarriers full[2], empty[2]              | boundary|        |        |     |          |
+ *   |  slot[0..2]: record | operands | pages    | to next | 16 KiB | 16 KiB |     |          |
+ *   |  mbarriers full[3], empty[3]              | 1 KiB   |        |        |     |          |
+ *   |                                           | boundary|        |        |     |          |
  *   |  params copy, allocator bitmask, trace    |         |        |        |     |          |
  *   +------------------------------------------+---------+--------+--------+-----+----------+
  *
@@ -81,10 +81,17 @@ struct mk_stop_info {
     mk_u32 error, queue_index, opcode, op_index, counter, expected, observed;
 };
 
+/* Instruction q's slot, and the phase of that slot's full and empty barriers that q completes:
+ * the slot's (q / MK_SLOTS)-th use. A waiter can be at most one phase off (the slot's previous
+ * use completed before the loader refilled it, its next use cannot have begun), so the parity
+ * names the phase. */
+__device__ __forceinline__ mk_u32 mk_slot_of(mk_u32 q) { return q % (mk_u32)MK_SLOTS; }
+__device__ __forceinline__ mk_u32 mk_slot_parity(mk_u32 q) { return (q / (mk_u32)MK_SLOTS) & 1u; }
+
 struct mk_control {
-    mk_slot slot[2];     /* instruction q lives in slot[q & 1] */
-    mk_u64 full[2];      /* mbarrier: slot ready (record, pages, waits, preloaded bytes) */
-    mk_u64 empty[2];     /* mbarrier: the compute warps are done with the slot */
+    mk_slot slot[MK_SLOTS];   /* instruction q lives in slot[mk_slot_of(q)] */
+    mk_u64 full[MK_SLOTS];    /* mbarrier: slot ready (record, pages, waits, preloaded bytes) */
+    mk_u64 empty[MK_SLOTS];   /* mbarrier: the compute warps are done with the slot */
     mk_u64 request_ready;  /* resident kernel, mbarrier: thread 0 has set the block up for
                               the next request (1 arrival) */
     mk_u64 request_done;   /* resident kernel, mbarrier: every other thread of both roles
@@ -118,6 +125,11 @@ struct mk_control {
     mk_u64 wgmma_full[MK_WGMMA_STAGES];
     mk_u64 wgmma_empty[MK_WGMMA_STAGES];
     mk_u32 wgmma_inited;               /* the wgmma barriers are valid (invalidate first) */
+    /* the paged transpose (ops/transpose.cuh): the tile of slot i's record has landed;
+     * initialised again for each paged record by the loader (bit i of transpose_inited: valid,
+     * invalidate first) */
+    mk_u64 transpose_full[MK_SLOTS];
+    mk_u32 transpose_inited;
     /* MK_WGMMA_ONLY's chained ring (megakernel.cu, mk_loader_ring_pages): the pages it took
      * for the whole queue (held), and the loader's next ring position */
     mk_u32 wgmma_held, wgmma_pos;
@@ -126,6 +138,12 @@ struct mk_control {
      * at a launch's entry (megakernel.cu, mk_loader's first_fetched; the resident kernel reads
      * every descriptor from global memory) */
     alignas(16) mk_tensor table_head[MK_TABLE_HEAD];
+    /* their tensor maps' ready words (instr.h), copied with them where the build holds the
+     * paged transpose, which checks its A's at L3 (ops/transpose.cuh): a global read there
+     * took 0.5 us of every record's path; valid for the first ready_head_n slots (0 in the
+     * resident kernel), which only the loader warp reads */
+    alignas(16) mk_u32 ready_head[MK_TABLE_HEAD];
+    mk_u32 ready_head_n;
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");
@@ -244,12 +262,15 @@ __device__ __forceinline__ void mk_pages::release(mk_u32 first, mk_u32 end) cons
     mk_pages_give_back(free_mask, bits);
 }
 
-/* What the loader warp preloads for an op (mk_<op>_preload(in, op, pages, lane, parts)):
+/* What the loader warp preloads for an op (mk_<op>_preload(in, op, pages, lane, parts, q), q
+ * the record's position in the queue):
  * the parts of its first pipeline stages that come from operand B (before the dependency wait
  * when the record has MK_FLAG_B_READY: B has no producer in the graph, e.g. weights) and from
  * the other operands (after the wait). The op says how many stages the loader fills with
- * mk_<op>_preload_stages(in, op); it issues cp.async copies only (no commit, no wait): the
- * interpreter tracks their completion on the slot's mbarrier before the op runs. */
+ * mk_<op>_preload_stages(in, op). It issues cp.async copies (no commit, no wait: the
+ * interpreter waits for them before it hands the slot over) and returns 1, or bulk copies that
+ * complete on the op's own barriers (the wgmma GEMM, the paged transpose) and returns 0: the
+ * interpreter does not wait for those. */
 enum mk_preload_parts { MK_PRELOAD_B = 1, MK_PRELOAD_REST = 2 };
 
 /* Loader lane 0. Take the `n` lowest free pages into `table` if that many are free (else

@@ -1,17 +1,20 @@
-"""Transpose: out = x^T, lowered into regions of TILE rows x up to MAX_TILES tiles of TILE
-columns in output coordinates (128 and 2, from instr.h); on the device each tile travels in
-registers as 4 x 4 blocks (MK_TRANSPOSE_PAGES = 0, no shared-memory hop), and the second
-tile's loads are in flight while the first is stored. Transposes too small to give every SM
-MAX_TILES tiles get one tile per instruction (more SMs busy)."""
+"""Transpose: out = x^T, lowered into one instruction per output tile of TILE x TILE (128, from
+instr.h), each with MK_TRANSPOSE_PAGES = 4 pages: the loader copies a whole tile of x into
+them by TMA (x's tensor map, runtime/tensor_maps.py) ahead of the instruction
+(device/ops/transpose.cuh says when, and why), and the compute warps move it through registers as 4 x 4 blocks into the output. Edge tiles, and tiles
+the device cannot copy that way, are loaded from global memory by the op itself."""
 from __future__ import annotations
 
 from .. import abi
 from ..graph import check_2d, check_float32_only
 from ._lowering import Lowered, Region, cost_ns, edges, grid
-from .base import OpDef, region
+from .base import NO_PAGES, OpDef, PagePlan, region
 
 TILE = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
-MAX_TILES = abi.OP_SHAPES["MK_TRANSPOSE_MAX_TILES"]
+PAGES = abi.OP_SHAPES["MK_TRANSPOSE_PAGES"]
+# a whole tile: the loader's preload fills every page after the dependency wait, the op reads
+# them all, and they go back after it
+PAGED_PLAN = PagePlan(preload_late=tuple(range(PAGES)), phases=((tuple(range(PAGES)), ()),))
 
 
 def transpose(self, x):
@@ -27,20 +30,13 @@ class Transpose(OpDef):
     operands = (abi.ARG_A,)
     build = staticmethod(transpose)
 
-    def expand(self, unit, ctx):
-        rows, cols = unit.output.shape
-        tiles = -(-rows // TILE) * -(-cols // TILE)
-        per = MAX_TILES if tiles >= MAX_TILES * ctx.n_sm else 1
-        return [unit.with_(attrs=dict(unit.attrs, tiles_per_instr=per))]
-
     def count(self, unit) -> int:
         rows, cols = unit.output.shape
-        return -(-rows // TILE) * -(-cols // (TILE * unit.attrs.get("tiles_per_instr", 1)))
+        return -(-rows // TILE) * -(-cols // TILE)
 
     def lower(self, unit) -> Lowered:
         rows, cols = unit.output.shape           # = (x.cols, x.rows)
-        width = TILE * unit.attrs.get("tiles_per_instr", 1)
-        row_edges, col_edges = edges(rows, TILE), edges(cols, width)
+        row_edges, col_edges = edges(rows, TILE), edges(cols, TILE)
         r0, rn, c0, cn = grid(row_edges, col_edges)
         # out[r0:r1, c0:c1] = x[c0:c1, r0:r1]^T
         reads = [Region(c0, c0 + cn, r0, r0 + rn)]
@@ -50,7 +46,16 @@ class Transpose(OpDef):
 
     def check_record(self, rec) -> bool:
         return (min(int(rec["row0"]), int(rec["col0"]), int(rec["rows"]), int(rec["cols"])) >= 0
-                and int(rec["rows"]) <= TILE and int(rec["cols"]) <= TILE * MAX_TILES)
+                and int(rec["rows"]) <= TILE and int(rec["cols"]) <= TILE)
+
+    def page_plan(self, rec, dtype_a: str) -> PagePlan:
+        """A whole tile is preloaded into the record's pages (the device also needs a tensor
+        map of x, which only the run's tensors allow: where x's rows are not 16-B aligned it
+        has none, loads the tile itself and the pages stay unused); an edge tile holds its
+        pages unused."""
+        if int(rec["rows"]) == TILE and int(rec["cols"]) == TILE:
+            return PAGED_PLAN
+        return NO_PAGES
 
     def simulate(self, rec, tensors):
         x, out = tensors[rec["tensor"][abi.ARG_A]], tensors[rec["tensor"][abi.ARG_OUT]]

@@ -4,22 +4,28 @@ tensor table.
 Two ops read operands through TMA copies (``cp.async.bulk.tensor``): a GEMM record with
 MK_FLAG_STREAM gets its B operand (the weights) from the streamer warp (megakernel.cu) through
 the block's weight ring (megak/device/ops/gemm_stream.cuh), and one with MK_FLAG_WGMMA gets A
-and B into its own pages (megak/device/ops/gemm_wgmma.cuh). A TMA copy names its source by a
-CUtensorMap, which only the host can encode and which embeds the tensor's device address: so
-every tensor table (megak's own, and each caller binding's, whose addresses differ) carries
-its own maps, in the same buffer, right after its entries (instr.h, above ``mk_tensor``)::
+and B into its own pages (megak/device/ops/gemm_wgmma.cuh); and the loader copies a
+transpose's whole tiles of A into its pages (megak/device/ops/transpose.cuh). A TMA copy
+names its source by a CUtensorMap, which only the host can encode and which embeds the
+tensor's device address: so every tensor table (megak's own, and each caller binding's, whose
+addresses differ) carries its own maps, in the same buffer, right after its entries (instr.h,
+above ``mk_tensor``)::
 
     0                        mk_tensor[n]            (24 B each)
     tmap_offset(n)           CUtensorMap[n]          (128 B each; 24 n rounded up to 128)
-    tmap_offset(n) + 128 n   u32 ready[n]            (the box rows of map i; 0: none)
+    tmap_offset(n) + 128 n   u32 ready[n]            (the box rows of map i; 0: none), zeros
+                                                     up to MK_TABLE_HEAD words (a launched
+                                                     block copies that many with the head)
 
-Map i describes tensor i: bf16, dims {cols, rows}, row stride 2 ld bytes, zeros out of
-bounds, and a box that depends on the use (`map_boxes`), named by its ready word: box rows
+Map i describes tensor i: dims {cols, rows}, row stride ld elements, zeros out of bounds, and
+a box that depends on the use (`map_boxes`), named by its ready word: box rows
 MK_STREAM_BOX_ROWS (128) for a streamed B and a wgmma A, MK_WGMMA_B_BOX_ROWS (64) for a wgmma
-B, both 64 columns wide with the 128-B swizzle; MK_STREAM_NARROW_READY for the B of a narrow
-streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swizzle). A tensor
-wanted several ways keeps the first of 128, narrow, 64, and a record that wanted another
-loads its B itself, as does every record whose tensor TMA cannot describe (ready 0). A request of a resident
+B, both bf16, 64 columns wide with the 128-B swizzle; MK_STREAM_NARROW_READY for the B of a
+narrow streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swizzle);
+MK_TRANSPOSE_READY for a transpose's A (fp32, 128 columns x 32 rows, one page, no swizzle). A
+tensor wanted several ways keeps the first of 128, narrow, 64, transpose, and a record that
+wanted another loads its operand itself, as does every record whose tensor TMA cannot
+describe (ready 0). A request of a resident
 kernel passes a table's address, so the maps travel with it.
 
 Everything but `encode` is pure host code (testable without a GPU); `fill_table` and
@@ -34,7 +40,8 @@ import numpy as np
 from .. import abi
 
 _BF16 = abi.DTYPES["MK_DTYPE_BF16"]
-_BF16_BYTES = 2
+_F32 = abi.DTYPES["MK_DTYPE_F32"]
+_BYTES = {_BF16: 2, _F32: 4}
 
 Encoder = Callable[[int, int, int, int, int], bytes]   # (ptr, rows, cols, ld, box: the
                                                       #   ready word) -> 128 bytes
@@ -44,6 +51,9 @@ WGMMA_BK = abi.OP_SHAPES["MK_WGMMA_BK"]
 WGMMA_NARROW_N = abi.OP_SHAPES["MK_WGMMA_NARROW_N"]
 STREAM_NARROW_READY = abi.OP_SHAPES["MK_STREAM_NARROW_READY"]
 STREAM_NARROW_COLS = abi.OP_SHAPES["MK_STREAM_NARROW_COLS"]
+TRANSPOSE_READY = abi.OP_SHAPES["MK_TRANSPOSE_READY"]
+TRANSPOSE_TILE = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
+TRANSPOSE_PAGE_ROWS = abi.OP_SHAPES["MK_TRANSPOSE_PAGE_ROWS"]
 
 
 def map_boxes(instrs: np.ndarray) -> dict[int, int]:
@@ -51,10 +61,12 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     every GEMM record flagged MK_FLAG_STREAM alone and A of every MK_FLAG_WGMMA record
     (STREAM_BOX_ROWS); B of every narrow streamed record (STREAM_NARROW_READY) unless also
     wanted so; B of every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless also wanted either
-    way. Sorted by slot."""
+    way; A of every transpose record (TRANSPOSE_READY) unless a GEMM wants it. Sorted by
+    slot."""
     if len(instrs) == 0:
         return {}
     gemm = instrs["opcode"] == abi.OPCODE_OF["gemm"]
+    transpose = instrs["opcode"] == abi.OPCODE_OF["transpose"]
     flags = instrs["flags"].astype(np.int64)
     streamed = gemm & ((flags & abi.FLAG_STREAM) != 0)
     narrow = streamed & ((flags & abi.FLAG_STREAM_NARROW) != 0)
@@ -66,6 +78,8 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     boxes = {int(s): STREAM_BOX_ROWS for s in tall}
     boxes.update({int(s): STREAM_NARROW_READY for s in slim})
     boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
+    flipped = set(instrs["tensor"][transpose, abi.ARG_A].tolist()) - tall - slim - short
+    boxes.update({int(s): TRANSPOSE_READY for s in flipped})
     return dict(sorted(boxes.items()))
 
 
@@ -110,37 +124,51 @@ def maps_cover(ready: np.ndarray, slots: tuple[frozenset, frozenset]) -> bool:
             and all(ready[s] == WGMMA_B_BOX_ROWS for s in b))
 
 
-def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int) -> bool:
-    """Whether cuTensorMapEncodeTiled accepts this tensor as a TMA operand: bf16, a 16-B
-    aligned non-null base, a row stride (2 ld bytes) that is a multiple of 16 below 2**40 and
-    covers a row, and both dims in 1 .. 2**32."""
-    if dtype != _BF16 or ptr <= 0 or ptr % 16:
+def map_dtype(box: int) -> int:
+    """The element type (abi.DTYPES) of the maps a ready word names: fp32 for a transpose's A,
+    bf16 for the GEMMs' operands."""
+    return _F32 if box == TRANSPOSE_READY else _BF16
+
+
+def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int,
+              box: int = STREAM_BOX_ROWS) -> bool:
+    """Whether cuTensorMapEncodeTiled accepts this tensor for a map of `box` (its ready word):
+    the box's element type (`map_dtype`), a 16-B aligned non-null base, a row stride that is
+    a multiple of 16 bytes below 2**40 and covers a row, and both dims in 1 .. 2**32."""
+    if dtype != map_dtype(box) or ptr <= 0 or ptr % 16:
         return False
     if not (1 <= rows <= 2 ** 32 and 1 <= cols <= 2 ** 32 and ld >= cols):
         return False
-    stride = _BF16_BYTES * ld
+    stride = _BYTES[dtype] * ld
     return stride % 16 == 0 and stride < 2 ** 40
 
 
 def box_shape(box: int) -> tuple[int, int, str]:
     """(box columns, box rows, swizzle) of the map a ready word names: STREAM_NARROW_READY is
-    32 columns x 128 rows with the 64-B swizzle (a box row is 64 B), any other value that many
-    rows of 64 columns with the 128-B swizzle."""
+    32 columns x 128 rows with the 64-B swizzle (a box row is 64 B), TRANSPOSE_READY 128 fp32
+    columns x 32 rows unswizzled (one page: MK_TRANSPOSE_PAGE_ROWS rows of 512 B), any other
+    value that many rows of 64 columns with the 128-B swizzle."""
     if box == STREAM_NARROW_READY:
         return STREAM_NARROW_COLS, STREAM_BOX_ROWS, "64B"
+    if box == TRANSPOSE_READY:
+        return TRANSPOSE_TILE, TRANSPOSE_PAGE_ROWS, "NONE"
     return abi.STREAM_BOX_COLS, box, "128B"
 
 
 def encode(ptr: int, rows: int, cols: int, ld: int, box: int = STREAM_BOX_ROWS) -> bytes:
-    """The 128-byte CUtensorMap of a bf16 (rows x cols, leading dimension ld) tensor at device
-    address ptr, boxes of `box_shape(box)`. A host-only driver call: no stream, no sync."""
+    """The 128-byte CUtensorMap of a (rows x cols, leading dimension ld) tensor of the box's
+    element type (`map_dtype`) at device address ptr, boxes of `box_shape(box)`. A host-only
+    driver call: no stream, no sync."""
     from .driver import _bindings, check
     drv = _bindings()
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
     box_cols, box_rows, swizzle = box_shape(box)
+    dtype = map_dtype(box)
+    data_type = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32 if dtype == _F32
+                 else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16)
     tmap = check(drv.cuTensorMapEncodeTiled(
-        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, int(ptr),
-        [u64(cols), u64(rows)], [u64(_BF16_BYTES * ld)],
+        data_type, 2, int(ptr),
+        [u64(cols), u64(rows)], [u64(_BYTES[dtype] * ld)],
         [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
@@ -179,7 +207,7 @@ def write_maps(buf: np.ndarray, n: int, entries: np.ndarray, boxes: Mapping[int,
             continue
         e = entries[slot]
         args = (int(e["ptr"]), int(e["rows"]), int(e["cols"]), int(e["ld"]))
-        if encodable(*args, int(e["dtype"])):
+        if encodable(*args, int(e["dtype"]), box):
             maps[slot] = np.frombuffer((encoder or encode)(*args, box), dtype=np.uint8)
             ready[slot] = box
             done += 1

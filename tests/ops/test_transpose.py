@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import megak
+from megak import abi
 from megak.ops import transpose
 from tests.reference import check_graph
 
@@ -24,7 +25,7 @@ def test_transpose_lowering_covers_output_once():
     low = transpose.OP.lower(g.ops[y.producer])
     cover = np.zeros((70, 130), dtype=int)
     for r0, rn, c0, cn in zip(*low.tile_regions()):
-        assert rn <= transpose.TILE and cn <= transpose.TILE * transpose.MAX_TILES
+        assert rn <= transpose.TILE and cn <= transpose.TILE
         cover[r0:r0 + rn, c0:c0 + cn] += 1
     assert (cover == 1).all()
     # each tile reads the mirrored region of x
@@ -35,13 +36,110 @@ def test_transpose_lowering_covers_output_once():
 
 
 @pytest.mark.parametrize("shape", [(300, 1100), (256, 512), (129, 640)])
-def test_transpose_of_several_tiles_per_instruction(backend, rng, shape):
-    """Few SMs for many tiles: MAX_TILES tiles side by side per instruction, the second's
-    loads in flight while the first is stored; partial tiles at the edges."""
+def test_transpose_of_many_tiles_per_sm(backend, rng, shape):
+    """Few SMs for many tiles: on the GPU the loader copies each whole tile into its
+    instruction's pages while the tile before it is stored (the paged path); the edge tiles
+    between them take the register path."""
     g = megak.Graph()
     x = g.input("x", shape, "float32")
     g.output(g.transpose(x), "y")
     prog = megak.compile(g, backend=backend, n_sm=2)
-    assert (prog.plan.instrs["cols"] > transpose.TILE).any()
+    ins = prog.plan.instrs
+    whole = (ins["rows"] == transpose.TILE) & (ins["cols"] == transpose.TILE)
+    assert whole.sum() >= 4 and (ins["pages"] == transpose.PAGES).all()
     inputs, out = check_graph(prog, g, rng, f"transpose {shape}")
     np.testing.assert_array_equal(out["y"], inputs["x"].T)
+
+
+def test_transpose_page_plan():
+    """A whole tile: every page preloaded after the wait, read by the op, handed back after
+    it; an edge tile: its pages unused."""
+    g = megak.Graph()
+    x = g.input("x", (130, 256), "float32")
+    g.output(g.transpose(x), "y")
+    prog = megak.compile(g, backend="sim", n_sm=2)
+    for rec in prog.plan.instrs:
+        plan = transpose.OP.page_plan(rec, "float32")
+        if rec["rows"] == transpose.TILE and rec["cols"] == transpose.TILE:
+            assert plan.preload_early == () and plan.preload_late == (0, 1, 2, 3)
+            assert plan.phases == (((0, 1, 2, 3), ()),)
+        else:
+            assert plan.preload_late == () and plan.phases == (((), ()),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset, width", [(1, 260), (0, 257), (4, 264)])
+def test_transpose_of_views_the_loader_cannot_copy(rng, offset, width):
+    """torch views whose rows start off a 16-B boundary (offset 1, or a row pitch of 257
+    floats) have no tensor map and take the register path on whole tiles; an aligned view
+    (offset 4, pitch 264) gets its map and the paged path. Each result exact, outputs
+    poisoned first."""
+    torch = pytest.importorskip("torch")
+    g = megak.Graph()
+    x = g.input("x", (256, 256), "float32")
+    g.output(g.transpose(x), "y")
+    prog = megak.compile(g, backend="cuda", n_sm=2)
+    base = torch.from_numpy(rng.uniform(-1, 1, (256, width)).astype(np.float32)).cuda()
+    view = base[:, offset:offset + 256]
+    assert view.stride() == (width, 1)
+    y = torch.full((256, 256), float("nan"), device="cuda")
+    prog.run(x=view, out={"y": y})
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(y.cpu().numpy(), view.cpu().numpy().T)
+
+
+@pytest.mark.gpu
+def test_paged_transpose_of_a_tensor_past_the_table_head(rng):
+    """x's table slot lies past the MK_TABLE_HEAD entries (and ready words) a launched block
+    copies at its entry: the loader reads x's tensor-map ready word from global memory, and
+    the whole tiles still take the paged path; exact, outputs poisoned first."""
+    g = megak.Graph()
+    for i in range(abi.LIMITS["MK_TABLE_HEAD"]):
+        g.output(g.copy(g.input(f"c{i}", (1, 4))), f"d{i}")
+    g.output(g.transpose(g.input("x", (256, 256))), "y")
+    prog = megak.compile(g, backend="cuda", n_sm=2)
+    ins = prog.plan.instrs
+    a = ins[ins["opcode"] == transpose.OP.opcode]["tensor"][:, abi.ARG_A]
+    assert (a >= abi.LIMITS["MK_TABLE_HEAD"]).all() and len(a) == 4
+    inputs, out = check_graph(prog, g, rng, "transpose past the head")
+    np.testing.assert_array_equal(out["y"], inputs["x"].T)
+
+
+@pytest.mark.gpu
+def test_paged_tiles_under_stress_then_a_stop_and_recovery(rng):
+    """32 whole tiles on each of 2 SMs (the loader up to two records ahead, three tiles in
+    flight), 30 runs on fresh inputs, each exact on an output poisoned before it; then a run in
+    which one SM's tenth transpose waits for a counter never reached (its loader stops with
+    the tiles before it issued, and drains them), reported as a hang; then exact again."""
+    torch = pytest.importorskip("torch")
+    g = megak.Graph()
+    x = g.input("x", (1024, 512), "float32")
+    g.output(g.transpose(g.copy(x)), "y")
+    prog = megak.compile(g, backend="cuda", n_sm=2, timeout_s=1.0)
+
+    def exact_runs(n, what):
+        for _ in range(n):
+            xs = torch.from_numpy(rng.uniform(-1, 1, (1024, 512)).astype(np.float32)).cuda()
+            y = torch.full((512, 1024), float("nan"), device="cuda")
+            prog.run(x=xs, out={"y": y})
+            torch.cuda.synchronize()
+            np.testing.assert_array_equal(y.cpu().numpy(), xs.cpu().numpy().T, err_msg=what)
+
+    try:
+        ins = prog.plan.instrs
+        paged = (ins["opcode"] == transpose.OP.opcode) & (ins["rows"] == transpose.TILE) & \
+                (ins["cols"] == transpose.TILE)
+        assert paged.sum() == 32
+        exact_runs(30, "paged transposes")
+        waiting = np.nonzero(paged & (ins["n_waits"] > 0))[0]
+        i = int(waiting[min(9, len(waiting) - 1)])
+        original = ins.copy()
+        ins["wait_target"][i, 0] += 1   # one above the signals the counter gets per run
+        prog._executor.reload_queues()
+        with pytest.raises(megak.MegakernelHang):
+            prog.run(x=rng.uniform(-1, 1, (1024, 512)).astype(np.float32))
+        ins[:] = original
+        prog._executor.reload_queues()
+        exact_runs(3, "paged transposes after the stop")
+    finally:
+        prog.close()

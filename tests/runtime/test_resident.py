@@ -350,6 +350,29 @@ def test_the_kernel_ends_with_the_process_that_started_it(rng):
         c.check("after the process that held a resident kernel ended")
 
 
+def test_paged_transposes_in_requests(rng):
+    """Whole transpose tiles through the resident kernel, whose loader keeps no copy of the
+    table's head: the transpose reads its A's tensor-map ready word from global memory. Ten
+    requests on fresh inputs, each exact on an output poisoned before it."""
+    g = megak.Graph()
+    g.output(g.transpose(g.input("x", (256, 512))), "y")
+    prog = megak.compile(g, backend="cuda", n_sm=2)
+    try:
+        xs = [torch.from_numpy(rng.uniform(-1, 1, (256, 512)).astype(np.float32)).cuda()
+              for _ in range(10)]
+        y = torch.empty((512, 256), device="cuda")
+        nan = torch.full((512, 256), float("nan"))
+        torch.cuda.synchronize()
+        with megak.resident(prog) as r:
+            for i, x in enumerate(xs):
+                y.copy_(nan)                  # a copy: it runs beside the resident kernel
+                r.submit(prog, x=x, out={"y": y}).wait()
+                np.testing.assert_array_equal(y.cpu().numpy(), x.cpu().numpy().T,
+                                              err_msg=f"request {i}")
+    finally:
+        prog.close()
+
+
 def test_stress_many_requests_of_random_programs(rng):
     """The request ring and the relay under load: 2,000 requests over three programs of
     different grids (one SM, a few, all), posted in bursts that wrap the ring, every result

@@ -39,10 +39,11 @@ HEAD = 40 * 24   # MK_TABLE_HEAD entries: the least a table holds (a launch copi
 
 @pytest.mark.parametrize("n, tmap, total", [
     (0, 0, HEAD),
-    (1, 128, HEAD),                     # 128 + 128 + 4 is shorter than the head
-    (5, 128, HEAD),                     # 120 B of entries fit below 128; 788 B in all
-    (6, 256, 256 + 6 * 132),            # 144 B do not
-    (16, 384, 384 + 16 * 132),
+    (1, 128, HEAD),                     # 128 + 128 + 160 is shorter than the head
+    (5, 128, HEAD),                     # 120 B of entries fit below 128; 928 B in all
+    (6, 256, 256 + 6 * 128 + 160),      # 144 B do not; the head's 40 ready words
+    (16, 384, 384 + 16 * 128 + 160),
+    (40, 1024, 1024 + 40 * 132),        # as many ready words as entries from 40 on
     (64, 1536, 1536 + 64 * 132),        # 1536 = 24 * 64 exactly: no padding
 ])
 def test_layout(n, tmap, total):
@@ -50,6 +51,8 @@ def test_layout(n, tmap, total):
     assert abi.tmap_offset(n) == tmap
     assert abi.ready_offset(n) == tmap + 128 * n
     assert abi.table_bytes(n) == total
+    # a launched block copies MK_TABLE_HEAD entries and as many ready words
+    assert abi.table_bytes(n) >= abi.ready_offset(n) + 4 * abi.LIMITS["MK_TABLE_HEAD"]
 
 
 def test_maps_are_aligned_and_clear_of_the_entries():
@@ -85,6 +88,17 @@ def test_encodable(ptr, rows, cols, ld, dtype, ok):
     assert tensor_maps.encodable(ptr, rows, cols, ld, dtype) is ok
 
 
+@pytest.mark.parametrize("ptr, ld, dtype, ok", [
+    (1 << 20, 128, F32, True),
+    (1 << 20, 132, F32, True),       # a view: pitch 528 B
+    (1 << 20, 130, F32, False),      # pitch 520 B, not a multiple of 16
+    ((1 << 20) + 4, 128, F32, False),  # a view starting off a 16-B boundary
+    (1 << 20, 128, BF16, False),     # the transpose map is fp32
+])
+def test_encodable_for_a_transpose(ptr, ld, dtype, ok):
+    assert tensor_maps.encodable(ptr, 256, 128, ld, dtype, tensor_maps.TRANSPOSE_READY) is ok
+
+
 # -- table images -------------------------------------------------------------------------------
 
 def entries_of(rows):
@@ -118,8 +132,9 @@ def test_fill_table_with_a_fake_encoder():
     np.testing.assert_array_equal(maps[3].view(np.uint64)[:4], [0x40000, 128, 96, 128])
     for i in (0, 2, 4, 5):
         assert not maps[i].any(), i
-    ready = buf[abi.ready_offset(n):abi.table_bytes(n)].view(np.uint32)
+    ready = buf[abi.ready_offset(n):abi.ready_offset(n) + 4 * n].view(np.uint32)
     np.testing.assert_array_equal(ready, [0, 128, 0, 64, 0, 0])
+    assert not buf[abi.ready_offset(n) + 4 * n:abi.table_bytes(n)].any()   # the head's rest
     np.testing.assert_array_equal(tensor_maps.ready_view(buf, n), ready)
     np.testing.assert_array_equal(tensor_maps.maps_view(buf, n), maps)
 
@@ -195,6 +210,13 @@ def test_map_boxes():
     assert tensor_maps.box_shape(NR) == (32, 128, "64B")
     assert tensor_maps.box_shape(128) == (64, 128, "128B")
     assert tensor_maps.box_shape(64) == (64, 64, "128B")
+    # a transpose's A: fp32 boxes of one page, unless a GEMM wants the slot
+    TR = tensor_maps.TRANSPOSE_READY
+    rec = records(("transpose", 0, 0, 3), ("transpose", 0, 0, 5), ("gemm", W, 2, 5),
+                  ("transpose", 0, 0, 3))
+    assert tensor_maps.map_boxes(rec) == {2: 64, 3: TR, 5: 128}
+    assert tensor_maps.box_shape(TR) == (128, 32, "NONE")
+    assert tensor_maps.map_dtype(TR) == F32 and tensor_maps.map_dtype(128) == BF16
 
 
 def test_wgmma_only_slots_and_maps_cover():
@@ -368,6 +390,9 @@ def test_encode_a_real_map():
         assert len(c) == abi.TMAP_BYTES and c != a     # the box is in the map
         d = tensor_maps.encode(buf.ptr, 256, 64, 64, tensor_maps.STREAM_NARROW_READY)
         assert len(d) == abi.TMAP_BYTES and d not in (a, c)   # 32 columns, the 64-B swizzle
+        assert tensor_maps.encodable(buf.ptr, 64, 128, 128, F32, tensor_maps.TRANSPOSE_READY)
+        e = tensor_maps.encode(buf.ptr, 64, 128, 128, tensor_maps.TRANSPOSE_READY)
+        assert len(e) == abi.TMAP_BYTES and e not in (a, c, d)   # fp32, unswizzled
         image = np.zeros(abi.table_bytes(1), np.uint8)
         entries = entries_of([(buf.ptr, 256, 64, 64, BF16)])
         assert tensor_maps.fill_table(image, 1, entries, {0: 128}) == 1

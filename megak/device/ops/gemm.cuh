@@ -327,15 +327,20 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, con
 
 /* L4 (parts MK_PRELOAD_B, B a graph input) and L6 (the rest). A wgmma record's copies are
  * TMA copies tracked on its own barriers: all at L6, none waited for at L7. */
-__device__ __forceinline__ void mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
-                                                const mk_pages& pages, mk_u32 lane, mk_u32 parts)
+__device__ __forceinline__ mk_u32 mk_gemm_preload(const mk_instr& in, const mk_tensor* op,
+                                                  const mk_pages& pages, mk_u32 lane,
+                                                  mk_u32 parts, mk_u32 q)
 {
+    (void)q;
     if (!(in.flags & MK_FLAG_WGMMA)) {
-        if (MK_BUILT(MK_BODY_GEMM_TILED))
+        if (MK_BUILT(MK_BODY_GEMM_TILED)) {
             mk_gemm_bf16_preload(in, op, pages, lane, parts);
+            return 1u;   /* cp.async copies: the loader waits for them at L7 */
+        }
     }
     else if (MK_BUILT(MK_BODY_GEMM_WGMMA) && (parts & MK_PRELOAD_REST))
         mk_gemm_wgmma_preload(in, pages, lane);
+    return 0u;
 }
 
 /* After L7 (the slot handed over): a wgmma record's remaining stages. */
@@ -347,6 +352,14 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload_late(const mk_instr& in, const
     if (MK_BUILT(MK_BODY_GEMM_WGMMA) && (in.flags & MK_FLAG_WGMMA) && lane == 0)
         error = mk_gemm_wgmma_produce(in, pages.base, pages.idx);
     return __shfl_sync(0xffffffffu, error, 0);
+}
+
+/* When the loader leaves: nothing. The bf16 tiles' cp.async copies are waited for at L7 and at
+ * the loader's end (cp.async.wait_all); a wgmma record's stages are issued at L6 and L8 and
+ * consumed or, past a deadline, waited for by the issuer itself. */
+__device__ __forceinline__ void mk_gemm_preload_drain(mk_u32 lane)
+{
+    (void)lane;
 }
 
 #endif /* MEGAK_OP_GEMM_CUH */

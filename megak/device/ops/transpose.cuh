@@ -1,30 +1,65 @@
 /* MK_OP_TRANSPOSE: out[r, c] = A[c, r] for r in [row0, row0 + rows), c in [col0, col0 + cols)
- * (the region is in OUTPUT coordinates), rows <= MK_TRANSPOSE_TILE = 128, cols <=
- * MK_TRANSPOSE_MAX_TILES x 128: up to 2 tiles of 128 x 128 side by side. No pages.
- * Operands: A, OUT.
+ * (the region is in OUTPUT coordinates), rows, cols <= MK_TRANSPOSE_TILE = 128: one 128 x 128
+ * tile per instruction, MK_TRANSPOSE_PAGES = 4 pages (the tile's 64 KiB). Operands: A, OUT.
  *
- * Why two tiles per instruction: with one, its loads are in flight only until they land;
- * while the tile is stored and the next instruction is handed over nothing is loading (W4
- * 2.98 TB/s against 3.78 for the copy). With two, each tile is two halves in two register
- * groups, and each half of the second tile is loaded as soon as the same half of the first
- * is stored: loads stay in flight through the stores (W4 3.23 TB/s). Written straight-line:
- * the same pipeline as a loop over up to 4 tiles, or the edge path as a loop, made ptxas
- * spill in the resident kernel's copy of the body (12-120 B, every form tried).
+ * Two paths, picked per record on the device:
+ *  - paged (a whole tile of an A with a tensor map, run by the megakernel's loader): loader
+ *    lane 0 copies the tile into the instruction's 4 pages with 4 TMA copies of A's map (one
+ *    box of MK_TRANSPOSE_PAGE_ROWS = 32 rows of 512 B a page, completing on
+ *    ctl.transpose_full[slot]) after the dependency wait (L6), and hands the slot over without
+ *    waiting for them (L7). The compute warps wait on that barrier (each thread acquires the
+ *    bytes itself), read their 4 x 4 blocks from the pages (LDS.128), transpose them in
+ *    registers and store them. The loader runs up to MK_SLOTS - 1 instructions ahead (a
+ *    tile per slot: 8 of the 13 pages on two slots), so a tile lands while the one before
+ *    is stored;
+ *  - registers (tiles at the edges, views TMA cannot describe: no map, the separate-launch
+ *    entry): the tile's loads straight from global memory into registers, then its stores.
  *
- * Why 128 x 128: a transpose is one memory latency per instruction (load the tile, then store
- * it), so bytes per instruction are bytes in flight per SM. 64 KiB per SM (8.4 MB over 132
- * SMs) is ~2x HBM's bandwidth-delay product, where a 64 x 64 tile (16 KiB) capped the op near
- * 2 TB/s.
+ * Why pages: a transpose is one memory latency per instruction when each instruction loads
+ * its own tile, and between two instructions of an SM nothing is loading (W4 3,309 GB/s in the
+ * megakernel, its bubble 15% of each SM's span, with two tiles per instruction in registers).
+ * tools/probe_paged_transpose.py on the H200 (16384^2 fp32, one block per SM): that register
+ * body 3,347-3,350 GB/s; the tile copied one tile ahead by bulk copies 3,779-3,790 (two
+ * tiles of 64 KiB per SM: the one being stored and the one landing; three: 3,712-3,746); the same
+ * one-ahead copy by 16-B cp.async from the loader warp 3,354-3,367 (4,096 copies a tile from
+ * one warp); a device-to-device copy 4,257.
  *
- * Why registers and no shared memory: the tile is 1024 blocks of 4 x 4 floats, 4 per thread.
- * A thread loads its blocks' 4 A rows (float4 each), transposes them in registers (renaming
- * and a few moves) and stores 4 output rows (float4 each): 16 loads of 16 B in
- * flight per thread (64 registers: the compute warps have 224 after setmaxnreg), no barrier, no
- * shared-memory hop. The previous shared-memory version (cp.async tile, XOR swizzle, LDS) was
- * conflict-free by address, yet Nsight Compute counted ~6.5% extra LDS wavefronts: the
- * hardware bank-conflict counter also counts arbitration with other traffic on the L1 data
- * banks (cp.async fills, global stores), which no layout removes. Without the hop there is
- * nothing to conflict, and 2 LSU instructions move each 16 B instead of 3.
+ * Why a tensor map and not a bulk copy per A row (each row is 512 contiguous bytes, so a plain
+ * cp.async.bulk needs no map): a bulk copy's operands must be warp-uniform, so 32 lanes' copies
+ * are issued one lane at a time, and the issue of a tile's 128 row copies took 5.3 us in the
+ * megakernel (traced at L6, benchmarks/results/three-slots/trace-diag-8192.log): the loader
+ * stood there until the tile had nearly landed, then behind the compute warps' stores, so
+ * reads and stores of an SM alternated instead of overlapping (W4 1,072 us against the
+ * register path's 649). The probe saw the same throughput from either form (3,783 rows,
+ * 3,792 boxes), its loader having nothing else to do.
+ *
+ * Ordering of the paged path:
+ *  - A may be another SM's output (generic stores, ordered before this by the dependency wait's
+ *    acquire, L5); the pages were last read and written by generic accesses of an earlier
+ *    instruction (handed back with a release the loader's page acquire, L3, reads). The
+ *    issuing lane runs fence.proxy.async for the global and the shared::cta state spaces after
+ *    those acquires and before its copies (async proxy), so both orders carry over to the
+ *    copies. A's map is the host's, written before the launch or the resident request that
+ *    names its table, as the GEMMs' maps are. Pages the record before still held are written
+ *    only after that record's empty phase (racecheck's view of the same order:
+ *    mk_transpose_preload);
+ *  - the barrier is initialised afresh for each paged record by loader lane 0 (invalidated
+ *    first if it was in use), then fence.mbarrier_init so the copy engine's complete_tx sees
+ *    the new barrier, then arrive.expect_tx of the tile's bytes: its phase 0 completes when
+ *    every byte has landed. Slot q % MK_SLOTS's barrier is free again at L1 of q: the compute
+ *    warps waited on it for q - MK_SLOTS before they arrived on its empty barrier;
+ *  - the compute threads' own wait (parity 0, bounded) is their acquire of the bytes; past its
+ *    deadline the op raises ctl.stream_error and skips the tile, and the interpreter stops the
+ *    block with MK_ERR_TIMEOUT after the op. Tiles of records the compute warps never run (a
+ *    block that stops) are waited for by the loader when it leaves
+ *    (mk_transpose_preload_drain, bounded), so no copy outlives the block;
+ *  - the compute warps' reads of the pages end before the compute barrier after the op, which
+ *    precedes the pages' hand-back.
+ *
+ * The register layout (both paths): the tile is 1024 blocks of 4 x 4 floats, 4 per thread. A
+ * thread loads its blocks' 4 A rows (float4 each), transposes them in registers (renaming and
+ * a few moves) and stores 4 output rows (float4 each): 16 loads of 16 B per thread (64
+ * registers), no barrier inside the op.
  *
  * Tile coordinates: S(i, j) = A[col0 + i][row0 + j] = out[row0 + j][col0 + i]. Block (P, Q) =
  * A rows 4P..4P+3 (output columns), A columns 4Q..4Q+3 (output rows), P, Q in 0..31.
@@ -33,16 +68,18 @@
  *     P = 8 (w & 3) + 4 (b & 1) + (l >> 3),     Q = 16 (w >> 2) + 8 (b >> 1) + (l & 7)
  *
  *  - load (b, k): A row 4P + k, columns 4Q..4Q+3. A warp instruction covers 4 rows (l >> 3)
- *    x 8 consecutive chunks (l & 7) = 4 whole 128-B lines: 16 sectors per request.
+ *    x 8 consecutive chunks (l & 7) = 4 whole 128-B lines: 16 sectors per request from global
+ *    memory; from the pages (row r at byte 512 (r % 32) of page r / 32) each quarter warp of an
+ *    LDS.128 (one phase) reads 128 contiguous bytes of one row: no bank conflict.
  *  - store (b, m): out row 4Q + m, columns 4P..4P+3 = (x[b][0].m, .., x[b][3].m). A warp
  *    instruction covers 8 rows (l & 7) x 4 consecutive chunks (l >> 3) = 8 x 64 B: 16 sectors
  *    per request; blocks b and b ^ 1 of the same warp complete each 128-B line. (16 sectors
  *    with rows 64-B aligned, ld % 16 == 0 as for 8192 x 8192; a ld only 16-B aligned costs
- *    up to 20 (loads) / 24 (stores) sectors per 512 B, the old 512-B rows 17.)
- *  - edges: rows of A past the region are not loaded, columns past it read as zero
- *    (mk_ld_f4_edge: scalars for a partial chunk or an A that is not 16-B aligned); output
- *    rows past the region are not stored, partial chunks and an unaligned OUT are stored with
- *    scalars (mk_st_f4_edge). Nothing outside the region is read or written.
+ *    up to 20 (loads) / 24 (stores) sectors per 512 B.)
+ *  - edges (register path): rows of A past the region are not loaded, columns past it read as
+ *    zero (mk_ld_f4_edge: scalars for a partial chunk or an A that is not 16-B aligned);
+ *    output rows past the region are not stored, partial chunks and an unaligned OUT are
+ *    stored with scalars (mk_st_f4_edge). Nothing outside the region is read or written.
  */
 #ifndef MEGAK_OP_TRANSPOSE_CUH
 #define MEGAK_OP_TRANSPOSE_CUH
@@ -51,16 +88,23 @@
 #include "../sync.cuh"
 #include "../pages.cuh"
 #include "../tensor.cuh"
+#include "../stream.cuh"
 
-/* MK_TRANSPOSE_PAGES = 0, MK_TRANSPOSE_TILE = 128, MK_TRANSPOSE_OPERANDS come from instr.h. */
-static_assert(MK_TRANSPOSE_MAX_TILES == 2, "mk_transpose_tiles is written for two tiles");
-static_assert(MK_TRANSPOSE_TILE == 128 && MK_TRANSPOSE_PAGES == 0 && MK_THREADS == 256,
+/* MK_TRANSPOSE_PAGES = 4, MK_TRANSPOSE_TILE = 128, MK_TRANSPOSE_OPERANDS come from instr.h. */
+static_assert(MK_TRANSPOSE_TILE == 128 && MK_THREADS == 256,
               "the block map below assumes a 128 x 128 tile (32 x 32 blocks of 4 x 4), 8 warps");
+static_assert(MK_TRANSPOSE_PAGES * MK_PAGE_BYTES == MK_TRANSPOSE_TILE * MK_TRANSPOSE_TILE * 4,
+              "the paged tile fills the record's pages");
+enum { MK_TRANSPOSE_ROW_BYTES = MK_TRANSPOSE_TILE * 4 };   /* one A row of a tile */
+static_assert(MK_TRANSPOSE_PAGE_ROWS * MK_TRANSPOSE_ROW_BYTES == MK_PAGE_BYTES,
+              "a page holds MK_TRANSPOSE_PAGE_ROWS A rows (one box of the A map)");
+static_assert(MK_TRANSPOSE_READY == 131072 + MK_TRANSPOSE_PAGE_ROWS,
+              "the A map's ready word names its box rows");
 
 __device__ __forceinline__ bool mk_transpose_check(const mk_instr& in)
 {
     return in.row0 >= 0 && in.col0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
-           in.rows <= MK_TRANSPOSE_TILE && in.cols <= MK_TRANSPOSE_MAX_TILES * MK_TRANSPOSE_TILE;
+           in.rows <= MK_TRANSPOSE_TILE && in.cols <= MK_TRANSPOSE_TILE;
 }
 
 __device__ __forceinline__ bool mk_transpose_check_operands(const mk_instr& in,
@@ -68,6 +112,13 @@ __device__ __forceinline__ bool mk_transpose_check_operands(const mk_instr& in,
 {
     return mk_f32_region_ok(op[MK_ARG_OUT], in.row0, in.rows, in.col0, in.cols) &&
            mk_f32_region_ok(op[MK_ARG_A], in.col0, in.cols, in.row0, in.rows);
+}
+
+/* The slot whose record `in` is: both roles pass the record in place (the first member of
+ * ctl.slot[q % MK_SLOTS]), so its address names the slot, and with it the paged tile's barrier. */
+__device__ __forceinline__ mk_u32 mk_transpose_slot(const mk_instr& in)
+{
+    return (mk_u32)(reinterpret_cast<const mk_slot*>(&in) - mk_ctl().slot);
 }
 
 /* This thread's place in a tile: block b at (P, Q) = (p0 + 4 (b & 1), q0 + 8 (b >> 1)). */
@@ -83,8 +134,8 @@ struct mk_transpose_lane {
 
 /* Half H of a tile at an edge (blocks b = 2H, 2H + 1, which together complete each 128-B
  * output line of the warp): its 8 loads, x[j][k] = A row 4P + k, columns 4Q..4Q+3 of block
- * 2H + j; nothing outside the region. ni = A rows (output columns) left from this tile on,
- * nj = A columns (output rows). */
+ * 2H + j; nothing outside the region. ni = A rows (output columns) of the region, nj = A
+ * columns (output rows). */
 template <int H>
 __device__ __forceinline__ void mk_transpose_load_edge(const mk_transpose_lane& t, const float* a,
                                                   mk_u32 lda, int ni, int nj, bool a_vec,
@@ -125,7 +176,7 @@ __device__ __forceinline__ void mk_transpose_store_edge(const mk_transpose_lane&
     }
 }
 
-/* The same halves for a whole aligned tile: no checks at all. */
+/* The same halves for a whole aligned tile in global memory: no checks at all. */
 template <int H>
 __device__ __forceinline__ void mk_transpose_load_full(const mk_transpose_lane& t,
                                                        const float* a, mk_u32 lda,
@@ -137,6 +188,27 @@ __device__ __forceinline__ void mk_transpose_load_full(const mk_transpose_lane& 
 #pragma unroll
         for (int k = 0; k < 4; ++k)
             x[j][k] = mk_ld_f4(s + (mk_u64)k * lda);
+    }
+}
+
+/* Half H from the pages (paged path): A row r of the tile at byte 512 (r % 32) of page r / 32;
+ * the 4 rows of a block lie in one page. */
+template <int H>
+__device__ __forceinline__ void mk_transpose_load_paged(const mk_transpose_lane& t,
+                                                        const mk_pages& pages,
+                                                        float4 (&x)[2][4])
+{
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int r = 4 * (t.p0 + 4 * j);
+        const mk_u32 s = mk_smem_addr(pages[r / MK_TRANSPOSE_PAGE_ROWS]) +
+                         (mk_u32)(r % MK_TRANSPOSE_PAGE_ROWS) * MK_TRANSPOSE_ROW_BYTES +
+                         16u * (mk_u32)(t.q0 + 8 * H);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(x[j][k].x), "=f"(x[j][k].y), "=f"(x[j][k].z), "=f"(x[j][k].w)
+                         : "r"(s + (mk_u32)k * MK_TRANSPOSE_ROW_BYTES) : "memory");
     }
 }
 
@@ -154,58 +226,31 @@ __device__ __forceinline__ void mk_transpose_store_full(const mk_transpose_lane&
     }
 }
 
-/* The instruction's one or two tiles, side by side along the output columns (tile 1: output
- * columns 128.., A rows 128..), in two register groups: group 0 holds the first halves of the
- * tiles, group 1 the second halves; a group is stored as soon as its loads land and reloaded
- * with the second tile's half while the other group's loads are in flight. 64 registers of
- * data, as for one tile. cols = output columns of the region, nj = its output rows. */
-template <bool FULL>
-__device__ __forceinline__ void mk_transpose_tiles(const float* a, mk_u32 lda, float* o,
-                                                   mk_u32 ldo, int cols, int nj, bool a_vec,
-                                                   bool o_vec)
+/* Bounded wait for the phase of `parity` of an mbarrier; false past the deadline. */
+__device__ __forceinline__ bool mk_transpose_wait(mk_u64* bar, mk_u32 parity = 0u)
 {
-    const mk_transpose_lane t;
-    float4 x0[2][4], x1[2][4];
-    if (!FULL) {
-        /* edge regions (partial tiles, unaligned views): one tile after the other */
-        mk_transpose_load_edge<0>(t, a, lda, cols, nj, a_vec, x0);
-        mk_transpose_load_edge<1>(t, a, lda, cols, nj, a_vec, x1);
-        mk_transpose_store_edge<0>(t, o, ldo, cols, nj, o_vec, x0);
-        mk_transpose_store_edge<1>(t, o, ldo, cols, nj, o_vec, x1);
-        if (cols > MK_TRANSPOSE_TILE) {   /* the second tile (straight-line: a loop spills) */
-            const float* a1 = a + (mk_u64)MK_TRANSPOSE_TILE * lda;
-            float* o1 = o + MK_TRANSPOSE_TILE;
-            const int n1 = cols - MK_TRANSPOSE_TILE;
-            mk_transpose_load_edge<0>(t, a1, lda, n1, nj, a_vec, x0);
-            mk_transpose_load_edge<1>(t, a1, lda, n1, nj, a_vec, x1);
-            mk_transpose_store_edge<0>(t, o1, ldo, n1, nj, o_vec, x0);
-            mk_transpose_store_edge<1>(t, o1, ldo, n1, nj, o_vec, x1);
-        }
-        return;
+    if (mk_mbar_try_wait(bar, parity))
+        return true;
+    const mk_u64 deadline = mk_deadline(mk_ctl().params.timeout_ns);
+    for (;;) {
+        if (mk_mbar_try_wait(bar, parity))
+            return true;
+        if (mk_globaltimer() > deadline)
+            return false;
     }
-    /* whole aligned tiles (MK_TRANSPOSE_MAX_TILES = 2 of them at most), straight-line */
-    mk_transpose_load_full<0>(t, a, lda, x0);
-    mk_transpose_load_full<1>(t, a, lda, x1);
-    if (cols > MK_TRANSPOSE_TILE) {
-        const float* a1 = a + (mk_u64)MK_TRANSPOSE_TILE * lda;
-        mk_transpose_store_full<0>(t, o, ldo, x0);
-        mk_transpose_load_full<0>(t, a1, lda, x0);
-        mk_transpose_store_full<1>(t, o, ldo, x1);
-        mk_transpose_load_full<1>(t, a1, lda, x1);
-        o += MK_TRANSPOSE_TILE;
-    }
-    mk_transpose_store_full<0>(t, o, ldo, x0);
-    mk_transpose_store_full<1>(t, o, ldo, x1);
 }
 
 /* A function of its own, like the GEMM bodies: its registers are allocated apart from the
- * interpreter loop's (inlined there, the two together spill). */
-__device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tensor* op)
+ * interpreter loop's (inlined there, the two together spill). `paged`: the loader copied the
+ * tile into the pages (mk_transpose_preload). */
+__device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tensor* op,
+                                               unsigned char* page_base, const mk_u8* page_idx,
+                                               mk_u32 paged)
 {
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
-    const int nj = in.rows;   /* output rows    = columns of the A tiles */
-    const int ni = in.cols;   /* output columns = rows of the A tiles */
+    const int nj = in.rows;   /* output rows    = columns of the A tile */
+    const int ni = in.cols;   /* output columns = rows of the A tile */
     if (nj <= 0 || ni <= 0)
         return;
     const mk_u32 lda = A.ld, ldo = O.ld;
@@ -213,19 +258,150 @@ __device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tens
     float* o = reinterpret_cast<float*>(O.ptr) + (mk_u64)in.row0 * ldo + in.col0;
     const bool a_vec = mk_vec_ok(a, lda);
     const bool o_vec = mk_vec_ok(o, ldo);
-    /* No MK_T_LOADED / MK_T_COMPUTED marks: each warp stores as soon as its own loads land,
-     * there is no block-wide "loaded" moment (the interpreter's defaults apply, as for copy). */
-    if (ni % MK_TRANSPOSE_TILE == 0 && nj == MK_TRANSPOSE_TILE && a_vec && o_vec)
-        mk_transpose_tiles<true>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
-    else
-        mk_transpose_tiles<false>(a, lda, o, ldo, ni, nj, a_vec, o_vec);
+    const bool full = ni == MK_TRANSPOSE_TILE && nj == MK_TRANSPOSE_TILE;
+    const mk_transpose_lane t;
+    float4 x0[2][4], x1[2][4];
+    /* No MK_T_LOADED mark (the interpreter's default: the op's start); MK_T_COMPUTED on the paged
+     * path marks the tile in (the compute threads' wait done), else the default. */
+    if (paged) {   /* the loader preloads whole tiles only */
+        if (!mk_transpose_wait(&mk_ctl().transpose_full[mk_transpose_slot(in)])) {
+            atomicExch(&mk_ctl().stream_error, 1u);   /* the interpreter stops the block */
+            return;
+        }
+#if MK_TRACE
+        if (threadIdx.x == 0)   /* the tile is in: the op's compute phase starts */
+            mk_ctl().trace_t[MK_T_COMPUTED] = mk_globaltimer();
+#endif
+        const mk_pages pages = {page_base, page_idx, paged, nullptr, nullptr};
+        mk_transpose_load_paged<0>(t, pages, x0);
+        mk_transpose_load_paged<1>(t, pages, x1);
+    } else if (full && a_vec) {
+        mk_transpose_load_full<0>(t, a, lda, x0);
+        mk_transpose_load_full<1>(t, a, lda, x1);
+    } else {
+        mk_transpose_load_edge<0>(t, a, lda, ni, nj, a_vec, x0);
+        mk_transpose_load_edge<1>(t, a, lda, ni, nj, a_vec, x1);
+    }
+    if (full && o_vec) {
+        mk_transpose_store_full<0>(t, o, ldo, x0);
+        mk_transpose_store_full<1>(t, o, ldo, x1);
+    } else {
+        mk_transpose_store_edge<0>(t, o, ldo, ni, nj, o_vec, x0);
+        mk_transpose_store_edge<1>(t, o, ldo, ni, nj, o_vec, x1);
+    }
 }
 
 __device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_tensor* op,
                                                  const mk_pages& pages)
 {
+    mk_transpose_body(in, op, pages.base, pages.idx, pages.preloaded);
+}
+
+/* The loader's share (megakernel.cu, MK_FOR_EACH_OP's preload column): one stage, the whole
+ * tile, where a record covers a whole tile of an fp32 A whose tensor map is in the table
+ * (ready word MK_TRANSPOSE_READY: runtime/tensor_maps.py encodes it for every transpose's A
+ * that TMA can describe); 0 elsewhere (the op loads from global memory itself). */
+__device__ __forceinline__ mk_u32 mk_transpose_preload_stages(const mk_instr& in,
+                                                              const mk_tensor* op)
+{
+    if (in.rows != MK_TRANSPOSE_TILE || in.cols != MK_TRANSPOSE_TILE ||
+        op[MK_ARG_A].dtype != MK_DTYPE_F32 || in.pages < MK_TRANSPOSE_PAGES)
+        return 0u;
+    /* A's ready word: from the copy of the table's head where A is in it (the loader's own
+     * shared memory), else one global read */
+    const mk_control& ctl = mk_ctl();
+    const mk_u32 a = in.tensor[MK_ARG_A];
+    const mk_u32 ready = a < ctl.ready_head_n ? ctl.ready_head[a]
+                                              : mk_ld_relaxed(mk_tmap_ready(ctl.params) + a);
+    return ready == (mk_u32)MK_TRANSPOSE_READY ? 1u : 0u;
+}
+
+/* Whether a page of `pages` (this record's, `n` of them) is one that `prev`, an earlier record
+ * still in its slot, held: lane 0 reads both tables, every lane gets the verdict. */
+__device__ __forceinline__ bool mk_transpose_reuses(const mk_pages& pages, mk_u32 n,
+                                                    const mk_slot& prev, mk_u32 lane)
+{
+    bool hit = false;
+    if (lane == 0)
+        for (mk_u32 i = 0; i < n; ++i)
+            for (mk_u32 j = 0; j < prev.ins.pages && j < MK_MAX_PAGES; ++j)
+                hit |= pages.idx[i] == prev.page[j];
+    return __shfl_sync(0xffffffffu, hit ? 1u : 0u, 0) != 0u;
+}
+
+/* L6 (the rest of the first stages, after the dependency wait): the tile into the pages, one
+ * box of the A map (MK_TRANSPOSE_PAGE_ROWS A rows) per page, issued by lane 0 and not waited
+ * for here (see "Ordering"). Nothing at L4: the whole tile is one stage. q: this record's
+ * position in the queue. */
+__device__ __forceinline__ mk_u32 mk_transpose_preload(const mk_instr& in, const mk_tensor* op,
+                                                       const mk_pages& pages, mk_u32 lane,
+                                                       mk_u32 parts, mk_u32 q)
+{
+    (void)op;
+    if (!(parts & MK_PRELOAD_REST))
+        return 0u;
+    mk_control& ctl = mk_ctl();
+    const mk_u32 slot = mk_transpose_slot(in);
+    mk_u64* bar = &ctl.transpose_full[slot];
+    /* Pages one of the records before held (those still in their slots; q - MK_SLOTS's slot
+     * is this one, and L1 waited for its empty phase): the allocator mask's release and acquire
+     * already order their reads before these copies, but racecheck follows mbarriers, not the
+     * mask, so every lane first waits for that record's empty phase, which every compute
+     * thread arrives on after its reads (complete already, or right after the hand-back: the
+     * transpose gives its pages back at its end). A loader ahead of the compute warps takes
+     * other pages and never waits here. */
+    for (mk_u32 k = 1; k < (mk_u32)MK_SLOTS && k <= q; ++k)
+        if (mk_transpose_reuses(pages, (mk_u32)MK_TRANSPOSE_PAGES, ctl.slot[mk_slot_of(q - k)],
+                                lane))
+            mk_transpose_wait(&ctl.empty[mk_slot_of(q - k)], mk_slot_parity(q - k));
+    if (lane == 0) {
+        if (ctl.transpose_inited & (1u << slot))
+            mk_mbar_inval(bar);
+        mk_mbar_init(bar, 1u);
+        ctl.transpose_inited |= 1u << slot;
+        mk_fence_mbar_init();
+        mk_mbar_expect_tx(bar, (mk_u32)(MK_TRANSPOSE_TILE * MK_TRANSPOSE_ROW_BYTES));
+        /* generic accesses -> the copies, per state space: the full fence.proxy.async is a
+         * MEMBAR.ALL.GPU in SASS, which waits for every store the SM has in flight (the tile
+         * the compute warps are storing) and so would serialise this copy behind it; the
+         * .global form is FENCE.VIEW.ASYNC.G alone, the shared::cta form a MEMBAR.ALL.CTA
+         * with it */
+        asm volatile("fence.proxy.async.global;" : : : "memory");
+        asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
+        /* A is read once: evict-first keeps it from pushing the output's lines out of L2 */
+        const mk_u64 policy = mk_policy_evict_first();
+        const void* map = mk_tmaps(ctl.params) + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_A];
+        /* page i: A rows col0 + 32 i .. + 32, columns row0 .. + 128 (S(i, j) above) */
+#pragma unroll
+        for (mk_u32 i = 0; i < (mk_u32)MK_TRANSPOSE_PAGES; ++i)
+            mk_tma_load_2d(mk_smem_addr(pages[i]), map, in.row0,
+                           in.col0 + (int)(i * MK_TRANSPOSE_PAGE_ROWS), bar, policy);
+    }
+    return 0u;   /* tensor copies only: the loader's L7 does not wait for them */
+}
+
+/* When the loader leaves (its queue done, or stopped): every tile it issued in this invocation
+ * has landed (bounded), as the compute warps wait only for the tiles of records they run. A
+ * barrier whose tile was consumed has its phase 0 complete: no wait. */
+__device__ __forceinline__ void mk_transpose_preload_drain(mk_u32 lane)
+{
+    (void)lane;
+    mk_control& ctl = mk_ctl();
+    for (mk_u32 i = 0; i < (mk_u32)MK_SLOTS; ++i)
+        if (ctl.transpose_inited & (1u << i))
+            mk_transpose_wait(&ctl.transpose_full[i]);
+}
+
+/* L8: nothing left to produce while the op runs. */
+__device__ __forceinline__ mk_u32 mk_transpose_preload_late(const mk_instr& in,
+                                                            const mk_tensor* op,
+                                                            const mk_pages& pages, mk_u32 lane)
+{
+    (void)in;
+    (void)op;
     (void)pages;
-    mk_transpose_body(in, op);
+    (void)lane;
+    return MK_OK;
 }
 
 #endif /* MEGAK_OP_TRANSPOSE_CUH */
