@@ -18,8 +18,9 @@ instruction slots::
 Rules, honoured by the simulator and the megakernel alike:
 
 * the loader runs up to SLOTS - 1 instructions ahead: it fetches q into q's slot once the
-  compute role has finished q - SLOTS, the slot's previous record, then takes the record's ``pages`` pages, lowest-numbered free
-  pages first, strictly in queue order, waiting while too few are free;
+  compute role has finished q - SLOTS, the slot's previous record, then takes the record's
+  ``pages`` pages, lowest-numbered free pages first, strictly in queue order, waiting while
+  too few are free;
 * pages are handed over as they are released: the compute role gives back a declared group
   of the instruction's pages after each phase of its op, and the rest after its last phase,
   so a later instruction's loader can take and fill them while q still computes; a page is

@@ -3,10 +3,10 @@
  *   mk_smem (dynamic, 16-B aligned at least)
  *   +------------------------------------------+---------+--------+--------+-----+----------+
  *   | mk_control (<= MK_CONTROL_BYTES)         | slack   | page 0 | page 1 | ... | page n-1 |
- *   |  slot[0..2]: record | operands | pages    | to next | 16 KiB | 16 KiB |     |          |
- *   |  mbarriers full[3], empty[3]              | 1 KiB   |        |        |     |          |
- *   |                                           | boundary|        |        |     |          |
- *   |  params copy, allocator bitmask, trace    |         |        |        |     |          |
+ *   |  slot[MK_SLOTS]: record, operands, pages | to next | 16 KiB | 16 KiB |     |          |
+ *   |  mbarriers full[MK_SLOTS], empty[...]    | 1 KiB   |        |        |     |          |
+ *   |                                          | boundary|        |        |     |          |
+ *   |  params copy, allocator bitmask, trace   |         |        |        |     |          |
  *   +------------------------------------------+---------+--------+--------+-----+----------+
  *
  * Page life: the loader warp acquires an instruction's pages (lowest free first, in queue

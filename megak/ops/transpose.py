@@ -1,8 +1,9 @@
 """Transpose: out = x^T, lowered into one instruction per output tile of TILE x TILE (128, from
 instr.h), each with MK_TRANSPOSE_PAGES = 4 pages: the loader copies a whole tile of x into
 them by TMA (x's tensor map, runtime/tensor_maps.py) ahead of the instruction
-(device/ops/transpose.cuh says when, and why), and the compute warps move it through registers as 4 x 4 blocks into the output. Edge tiles, and tiles
-the device cannot copy that way, are loaded from global memory by the op itself."""
+(device/ops/transpose.cuh says when, and why), and the compute warps move it through
+registers as 4 x 4 blocks into the output. Edge tiles, and tiles the device cannot copy that
+way, are loaded from global memory by the op itself."""
 from __future__ import annotations
 
 from .. import abi

@@ -25,8 +25,8 @@ narrow streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swi
 MK_TRANSPOSE_READY for a transpose's A (fp32, 128 columns x 32 rows, one page, no swizzle). A
 tensor wanted several ways keeps the first of 128, narrow, 64, transpose, and a record that
 wanted another loads its operand itself, as does every record whose tensor TMA cannot
-describe (ready 0). A request of a resident
-kernel passes a table's address, so the maps travel with it.
+describe (ready 0). A request of a resident kernel passes a table's address, so the maps
+travel with it.
 
 Everything but `encode` is pure host code (testable without a GPU); `fill_table` and
 `write_maps` take the encoder as an argument.
