@@ -239,7 +239,8 @@ __device__ __forceinline__ bool mk_mbar_try_wait(mk_u64* bar, mk_u32 parity)
     return ok != 0u;
 }
 
-/* ---- tensor data through pages (unused now: copy and transpose keep data in registers) - *
+/* ---- fp32 data through pages by cp.async (unused now: the copy keeps its data in registers,
+ * the transpose's tiles come by TMA) ---- *
  * cp.async is a weak generic-proxy access like mk_ld_f4 (not the async proxy of TMA), so the
  * consumer contract above covers it: data another SM produced is read only after this block's
  * acquire + barrier. .cg reads at L2 and never allocates in L1. The shared addresses are
