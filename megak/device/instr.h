@@ -69,9 +69,11 @@ enum mk_op_shapes {
                                   fewer rows keeps fewer pages for its epilogue */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region per instruction (64 KiB) */
     MK_TRANSPOSE_PAGES = 4,    /* the tile, copied in by the loader one instruction ahead */
-    MK_TRANSPOSE_PAGE_ROWS = 32, /* A rows of the tile per page (512 B each: 128 fp32) */
-    MK_TRANSPOSE_READY = 131072 + 32, /* the ready word of a transpose's A map: 2^17 + its box
-                                  rows (MK_TRANSPOSE_PAGE_ROWS); fp32, 128 columns, no swizzle */
+    MK_TRANSPOSE_BOX_COLS = 32, /* fp32 columns of a box of the tile (128 B: the 128-B swizzle's
+                                  span), all MK_TRANSPOSE_TILE rows: one page */
+    MK_TRANSPOSE_READY = 131072 + 128, /* the ready word of a transpose's A and OUT maps: 2^17 +
+                                  their box rows (MK_TRANSPOSE_TILE); fp32, MK_TRANSPOSE_BOX_COLS
+                                  columns, the 128-B swizzle */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
     MK_REDUCE_MAX_ROWS = 128,
@@ -270,11 +272,11 @@ typedef struct mk_instr {
  * operands: at byte offset mk_tmap_offset(n) = 24 n rounded up to MK_TMAP_BYTES,
  * CUtensorMap[n] (entry i encodes tensor i: dims {cols, rows}, row stride ld elements, zero
  * fill out of bounds; a GEMM operand's bf16 with box {MK_STREAM_BOX_COLS, box rows} and the
- * 128-B swizzle, a transpose's A fp32 with box {MK_TRANSPOSE_TILE, MK_TRANSPOSE_PAGE_ROWS}
- * unswizzled), then mk_u32 ready[n]: which box map i was encoded with for this table
+ * 128-B swizzle, a transpose's A and OUT fp32 with box {MK_TRANSPOSE_BOX_COLS, MK_TRANSPOSE_TILE}
+ * and the 128-B swizzle), then mk_u32 ready[n]: which box map i was encoded with for this table
  * (MK_STREAM_BOX_ROWS: B of a streamed GEMM or A of a wgmma GEMM; MK_WGMMA_B_BOX_ROWS: B of a
- * wgmma GEMM; MK_STREAM_NARROW_READY: B of a narrow streamed band; MK_TRANSPOSE_READY: A of a
- * transpose), 0 where it was not (not 16-B aligned, or not needed: the op then loads the
+ * wgmma GEMM; MK_STREAM_NARROW_READY: B of a narrow streamed band; MK_TRANSPOSE_READY: A or OUT
+ * of a transpose), 0 where it was not (not 16-B aligned, or not needed: the op then loads the
  * operand itself). runtime/tensor_maps.py writes them. */
 typedef struct mk_tensor {
     mk_u64 ptr;

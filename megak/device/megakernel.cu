@@ -855,6 +855,7 @@ __device__ __noinline__ void mk_compute()
         const bool ready = mk_mbar_wait(&ctl.full[mk_slot_of(q)], mk_slot_parity(q), deadline);
         if (!ready || s.stop) {
             if (tid == 0) {
+                mk_bulk_wait_written();   /* its ops' bulk stores (see the end below) */
                 atomicExch(&ctl.ring_stop, 1u);   /* the streamer stops and drains */
                 if (!ready) {
                     mk_stop_info e = {MK_ERR_TIMEOUT, q, 0, 0, 0, 0, 0};
@@ -881,6 +882,7 @@ __device__ __noinline__ void mk_compute()
             /* a ring wait of the op passed its deadline (the op raised ring_stop), or a poll
              * of a flagged word failed (flag.cuh: its details are in op_stop) */
             if (tid == 0) {
+                mk_bulk_wait_written();
                 mk_stop_info e = ctl.op_stop;
                 if (e.error == MK_OK)
                     e = {MK_ERR_TIMEOUT, 0, 0, 0, 0, 0, 0};
@@ -899,6 +901,11 @@ __device__ __noinline__ void mk_compute()
             mk_mbar_arrive(&ctl.empty[mk_slot_of(q)]);
     }
     if (tid == 0) {
+        /* An op may leave its TMA stores in flight past its end where no counter publishes
+         * them (ops/transpose.cuh): thread 0 issued them, and waits for their global writes
+         * here, before the block reports its invocation done (finished_blocks, sm_state; a
+         * resident request's completion) on every path out. */
+        mk_bulk_wait_written();
 #if MK_WGMMA_ONLY
         /* the chained ring's pages (mk_loader_ring_pages): every stage issued was waited
          * for, so no copy is in flight, and no MMA reads them after the last barrier */

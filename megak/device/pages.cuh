@@ -195,6 +195,19 @@ __device__ __forceinline__ void mk_compute_sync()
     asm volatile("bar.sync %0, %1;" : : "n"((int)MK_COMPUTE_BARRIER), "n"((int)MK_THREADS) : "memory");
 }
 
+/* The same barrier, returning whether `v` holds in every compute thread: an op whose threads
+ * each wait with their own deadline agrees on the outcome here, so all of them go on to its
+ * later barriers or none does. */
+__device__ __forceinline__ bool mk_compute_sync_all(bool v)
+{
+    mk_u32 all;
+    asm volatile("{ .reg .pred p, q; setp.ne.u32 p, %1, 0; bar.red.and.pred q, %2, %3, p;"
+                 " selp.u32 %0, 1, 0, q; }"
+                 : "=r"(all) : "r"((mk_u32)v), "n"((int)MK_COMPUTE_BARRIER), "n"((int)MK_THREADS)
+                 : "memory");
+    return all != 0u;
+}
+
 /* The pages one instruction holds, as the ops see them: pages[i] is its i-th page.
  *
  * preloaded: how many of the op's leading pipeline stages the loader warp already filled

@@ -163,6 +163,39 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
                  : "memory");
 }
 
+/* One box from the page at shared address src into the tensor `tmap` at column c0 and row
+ * r0 (a TMA store): read from shared memory and written to global memory asynchronously, in
+ * this thread's bulk async-group (mk_bulk_commit). The page's bytes must have been written
+ * before it by the generic proxy with each writer's mk_fence_proxy_async_smem and a barrier. */
+__device__ __forceinline__ void mk_tma_store_2d(const void* tmap, int c0, int r0, mk_u32 src)
+{
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];"
+                 : : "l"(tmap), "r"(c0), "r"(r0), "r"(src) : "memory");
+}
+
+/* Closes this thread's bulk async-group: the stores issued since the last commit. */
+__device__ __forceinline__ void mk_bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;" : : : "memory");
+}
+
+/* Until every bulk store this thread committed has read its shared memory: its pages may be
+ * written again (their global writes may still be in flight). */
+__device__ __forceinline__ void mk_bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read 0;" : : : "memory");
+}
+
+/* Until every bulk store this thread committed has written global memory (visible to this
+ * thread), then the async proxy's global writes ordered before this thread's later generic
+ * accesses (a release that publishes them: the counters, a request's completion). No-op
+ * cost where none is pending. */
+__device__ __forceinline__ void mk_bulk_wait_written()
+{
+    asm volatile("cp.async.bulk.wait_group 0;" : : : "memory");
+    asm volatile("fence.proxy.async.global;" : : : "memory");
+}
+
 /* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
  * empty MK_STREAM_READERS arrivals (each reader of the stage's, or its one reader's two);
  * ring_issued says "no

@@ -16,10 +16,14 @@ one has its tile copied into them by the loader):
   on full, without waiting for the copy. When it leaves (its queue done, or stopped because a
   wait passed its deadline) it waits for every tile barrier it initialised: the drain.
 - **Compute threads**, per q: wait on full[q % SLOTS]; read the record; a paged record: wait on
-  the tile barrier (phase 0), then read the pages; the compute barrier (all threads); thread 0
-  gives the pages back; every thread arrives on empty. A stop at `stop_at` (an op's error):
-  the threads leave before running that instruction, and the loader's next wait on empty
-  gives up (its deadline) and the loader leaves.
+  the tile barrier (phase 0), then read the pages, a barrier, write the transposed tile back
+  into them, a barrier, and thread 0 issues the TMA stores that read the pages and write
+  global memory, in flight until they have; thread 0 waits until they have read the pages,
+  and where the record signals a consumer until they have written; the compute barrier (all
+  threads); thread 0 signals and gives the pages back; every thread arrives on empty. Thread
+  0 waits for every store's writes before the threads leave (the invocation reported done).
+  A stop at `stop_at` (an op's error): the threads leave before running that instruction,
+  and the loader's next wait on empty gives up (its deadline) and the loader leaves.
 
 Rules, as `SlotViolation.rule` reports them:
 
@@ -29,12 +33,18 @@ Rules, as `SlotViolation.rule` reports them:
   3  a copy lands only in pages its instruction holds and no thread is reading;
   4  a thread reads a tile only after it has landed;
   5  no copy lands after the loader has left (the block may be gone);
-  6  no deadlock, every instruction runs (up to the stop).
+  6  no deadlock, every instruction runs (up to the stop);
+  7  no page is handed back, or refilled, while a store still reads it;
+  8  a signal moves only after its instruction's stores have written;
+  9  no store writes after the compute threads have left;
+ 10  a store reads the pages only after every thread has written them.
 
 `Misuse` switches break one rule of the protocol on purpose, so the tests show each caught:
 an index and parity that count one slot fewer than the barriers, a refill without
 the empty wait, the tile read without its barrier wait, pages given back before the compute
-barrier, and a loader that leaves without the drain.
+barrier, a loader that leaves without the drain; thread 0 issuing the stores before the
+other threads' write-back, handing the pages back before the stores read them, signalling
+before they wrote, and leaving without waiting for them.
 """
 from __future__ import annotations
 
@@ -54,6 +64,10 @@ RULES = {
     4: "a thread reads a tile only after it has landed",
     5: "no copy lands after the loader has left",
     6: "no deadlock, every instruction runs",
+    7: "no page is handed back or refilled while a store reads it",
+    8: "a signal moves only after its instruction's stores have written",
+    9: "no store writes after the compute threads have left",
+    10: "a store reads the pages only after every thread has written them",
 }
 
 
@@ -70,12 +84,18 @@ class Misuse:
     no_tile_wait: bool = False     # the compute threads read a tile without its barrier
     release_early: bool = False    # thread 0 gives the pages back before the compute barrier
     no_drain: bool = False         # the loader leaves without waiting for its tiles
+    store_early: bool = False      # thread 0 stores without the barrier after the write-back
+    no_read_wait: bool = False     # thread 0 goes on without waiting for the stores' reads
+    no_written_wait: bool = False  # a signalling record's thread 0 does not wait for the writes
+    no_store_drain: bool = False   # the threads leave without waiting for the stores' writes
 
 
 @dataclass(frozen=True)
 class Instr:
     pages: int
     paged: bool = False   # the loader copies a tile into its pages (a paged transpose)
+    signals: bool = False  # a consumer waits for its counter (a paged record's stores then
+                           # are waited for before the signal)
 
 
 class SlotModel:
@@ -97,6 +117,11 @@ class SlotModel:
         self.ran: set[int] = set()
         self.stopped = False                    # the compute threads stopped (stop_at)
         self.loader_left = False
+        self.read_back = [0] * len(self.queue)   # threads past a paged q's reads
+        self.wrote = [0] * len(self.queue)       # threads past a paged q's write-back
+        self.store_reads: dict[int, bool] = {}   # q -> its stores still read its pages
+        self.written: set[int] = set()           # q whose stores have written
+        self.compute_left = False
         self.actors = [Actor("loader", self._loader())]
         self.actors += [Actor(f"thread {t}", self._thread(t)) for t in range(THREADS)]
 
@@ -174,6 +199,10 @@ class SlotModel:
             if self.owner[p] != q or self.readers[p]:
                 raise SlotViolation(3, f"instruction {q}'s tile lands in page {p}, held by "
                                        f"{self.owner[p]} and read by {self.readers[p]} threads")
+            reading = [r for r, on in self.store_reads.items() if on and p in self.pages_of[r]]
+            if reading:
+                raise SlotViolation(7, f"instruction {q}'s tile lands in page {p} while the "
+                                       f"stores of {reading} read it")
         self.landed.add(q)
         self.in_flight[s] -= 1
         if bar.valid:
@@ -184,6 +213,7 @@ class SlotModel:
         for q, ins in enumerate(self.queue):
             if q == self.stop_at:
                 self.stopped = True
+                yield from self._leave_compute(t)
                 return
             s = self._slot(q)
             while not self.full[s].done(self._parity(q)):               # C1
@@ -204,6 +234,8 @@ class SlotModel:
             yield None
             for p in self.pages_of[q]:
                 self.readers[p] -= 1
+            if ins.paged:
+                yield from self._store_out(t, q, ins)
             if self.slot_rec[s] != q:
                 raise SlotViolation(1, f"slot {s} was refilled with {self.slot_rec[s]} while "
                                        f"thread {t} ran {q}")
@@ -213,12 +245,66 @@ class SlotModel:
             while self.finished[q] < THREADS:                            # C3
                 yield f"{q}'s compute barrier"
             if t == 0:                                                   # C4
+                if ins.signals and ins.paged and q not in self.written:
+                    raise SlotViolation(8, f"instruction {q} signals before its stores wrote")
                 self._release(q)
                 self.ran.add(q)
             self.empty[s].arrive()
             yield None
+        yield from self._leave_compute(t)
+
+    def _store_out(self, t: int, q: int, ins: Instr):
+        """A paged record's write-back and thread 0's stores (ops/transpose.cuh)."""
+        self.read_back[q] += 1
+        yield None
+        while self.read_back[q] < THREADS:                              # every read done
+            yield f"{q}'s reads of its tile"
+        self.wrote[q] += 1
+        yield None
+        while self.wrote[q] < THREADS and not (t == 0 and self.misuse.store_early):
+            yield f"{q}'s write-back"
+        if t != 0:
+            return
+        self.store_reads[q] = True
+        self.actors.append(Actor(f"store {q}", self._store(q)))
+        yield None
+        while self.store_reads[q] and not self.misuse.no_read_wait:
+            yield f"store {q} read"
+        while (ins.signals and q not in self.written
+               and not self.misuse.no_written_wait):
+            yield f"store {q} written"
+
+    def _store(self, q: int):
+        if self.wrote[q] < THREADS:
+            raise SlotViolation(10, f"instruction {q}'s stores read its pages with "
+                                    f"{THREADS - self.wrote[q]} threads still to write them")
+        for p in self.pages_of[q]:
+            if self.owner[p] != q:
+                raise SlotViolation(7, f"instruction {q}'s stores read page {p}, held by "
+                                       f"{self.owner[p]}")
+        yield None   # reading
+        for p in self.pages_of[q]:
+            if self.owner[p] != q:
+                raise SlotViolation(7, f"instruction {q}'s stores read page {p}, handed back "
+                                       f"to {self.owner[p]}")
+        self.store_reads[q] = False
+        yield None   # writing
+        if self.compute_left:
+            raise SlotViolation(9, f"instruction {q}'s stores write after the threads left")
+        self.written.add(q)
+
+    def _leave_compute(self, t: int):
+        if t == 0 and not self.misuse.no_store_drain:
+            while any(q not in self.written for q in self.store_reads):
+                yield "every store written (the drain)"
+        if t == 0:
+            self.compute_left = True
+            yield None
 
     def _release(self, q: int) -> None:
+        if self.store_reads.get(q):
+            raise SlotViolation(7, f"instruction {q}'s pages handed back while its stores "
+                                   f"read them")
         for p in self.pages_of[q]:
             if self.owner[p] == q:
                 self.owner[p] = None

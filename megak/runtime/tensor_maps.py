@@ -22,11 +22,13 @@ a box that depends on the use (`map_boxes`), named by its ready word: box rows
 MK_STREAM_BOX_ROWS (128) for a streamed B and a wgmma A, MK_WGMMA_B_BOX_ROWS (64) for a wgmma
 B, both bf16, 64 columns wide with the 128-B swizzle; MK_STREAM_NARROW_READY for the B of a
 narrow streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swizzle);
-MK_TRANSPOSE_READY for a transpose's A (fp32, 128 columns x 32 rows, one page, no swizzle). A
-tensor wanted several ways keeps the first of 128, narrow, 64, transpose, and a record that
-wanted another loads its operand itself, as does every record whose tensor TMA cannot
-describe (ready 0). A request of a resident kernel passes a table's address, so the maps
-travel with it.
+MK_TRANSPOSE_READY for a transpose's A and OUT (fp32, 32 columns x 128 rows, one page, the
+128-B swizzle: the loader copies A's tile in by four, the compute warps' thread 0 stores the
+transposed tile out by four). A tensor wanted several ways keeps the first of 128, narrow,
+64, transpose, and a record that wanted another loads its operand itself, as does every
+record whose tensor TMA cannot describe (ready 0); a transpose takes its paged path only
+where both A and OUT have their maps. A request of a resident kernel passes a table's
+address, so the maps travel with it.
 
 Everything but `encode` is pure host code (testable without a GPU); `fill_table` and
 `write_maps` take the encoder as an argument.
@@ -53,7 +55,7 @@ STREAM_NARROW_READY = abi.OP_SHAPES["MK_STREAM_NARROW_READY"]
 STREAM_NARROW_COLS = abi.OP_SHAPES["MK_STREAM_NARROW_COLS"]
 TRANSPOSE_READY = abi.OP_SHAPES["MK_TRANSPOSE_READY"]
 TRANSPOSE_TILE = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
-TRANSPOSE_PAGE_ROWS = abi.OP_SHAPES["MK_TRANSPOSE_PAGE_ROWS"]
+TRANSPOSE_BOX_COLS = abi.OP_SHAPES["MK_TRANSPOSE_BOX_COLS"]
 
 
 def map_boxes(instrs: np.ndarray) -> dict[int, int]:
@@ -61,8 +63,8 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     every GEMM record flagged MK_FLAG_STREAM alone and A of every MK_FLAG_WGMMA record
     (STREAM_BOX_ROWS); B of every narrow streamed record (STREAM_NARROW_READY) unless also
     wanted so; B of every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless also wanted either
-    way; A of every transpose record (TRANSPOSE_READY) unless a GEMM wants it. Sorted by
-    slot."""
+    way; A and OUT of every transpose record (TRANSPOSE_READY) unless a GEMM wants them.
+    Sorted by slot."""
     if len(instrs) == 0:
         return {}
     gemm = instrs["opcode"] == abi.OPCODE_OF["gemm"]
@@ -78,7 +80,8 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     boxes = {int(s): STREAM_BOX_ROWS for s in tall}
     boxes.update({int(s): STREAM_NARROW_READY for s in slim})
     boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
-    flipped = set(instrs["tensor"][transpose, abi.ARG_A].tolist()) - tall - slim - short
+    flipped = (set(instrs["tensor"][transpose, abi.ARG_A].tolist())
+               | set(instrs["tensor"][transpose, abi.ARG_OUT].tolist())) - tall - slim - short
     boxes.update({int(s): TRANSPOSE_READY for s in flipped})
     return dict(sorted(boxes.items()))
 
@@ -145,13 +148,13 @@ def encodable(ptr: int, rows: int, cols: int, ld: int, dtype: int,
 
 def box_shape(box: int) -> tuple[int, int, str]:
     """(box columns, box rows, swizzle) of the map a ready word names: STREAM_NARROW_READY is
-    32 columns x 128 rows with the 64-B swizzle (a box row is 64 B), TRANSPOSE_READY 128 fp32
-    columns x 32 rows unswizzled (one page: MK_TRANSPOSE_PAGE_ROWS rows of 512 B), any other
-    value that many rows of 64 columns with the 128-B swizzle."""
+    32 columns x 128 rows with the 64-B swizzle (a box row is 64 B), TRANSPOSE_READY 32 fp32
+    columns x 128 rows with the 128-B swizzle (one page: a box row is 128 B), any other value
+    that many rows of 64 columns with the 128-B swizzle."""
     if box == STREAM_NARROW_READY:
         return STREAM_NARROW_COLS, STREAM_BOX_ROWS, "64B"
     if box == TRANSPOSE_READY:
-        return TRANSPOSE_TILE, TRANSPOSE_PAGE_ROWS, "NONE"
+        return TRANSPOSE_BOX_COLS, TRANSPOSE_TILE, "128B"
     return abi.STREAM_BOX_COLS, box, "128B"
 
 

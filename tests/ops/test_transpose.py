@@ -89,6 +89,63 @@ def test_transpose_of_views_the_loader_cannot_copy(rng, offset, width):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("offset, width", [(1, 260), (0, 257), (4, 264)])
+def test_transpose_into_views_the_stores_cannot_describe(rng, offset, width):
+    """OUT views whose rows start off a 16-B boundary have no tensor map: whole tiles take the
+    register path though x has its map; an aligned view (offset 4, pitch 264) gets its map,
+    and the paged tiles' TMA stores write into it at its pitch. Each result exact, and the
+    columns of the base around the view still hold the poison."""
+    torch = pytest.importorskip("torch")
+    g = megak.Graph()
+    x = g.input("x", (256, 256), "float32")
+    g.output(g.transpose(x), "y")
+    prog = megak.compile(g, backend="cuda", n_sm=2)
+    xs = torch.from_numpy(rng.uniform(-1, 1, (256, 256)).astype(np.float32)).cuda()
+    base = torch.full((256, width), float("nan"), device="cuda")
+    view = base[:, offset:offset + 256]
+    prog.run(x=xs, out={"y": view})
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(view.cpu().numpy(), xs.cpu().numpy().T)
+    around = torch.cat([base[:, :offset], base[:, offset + 256:]], dim=1)
+    assert torch.isnan(around).all()
+
+
+@pytest.mark.gpu
+def test_tiles_stored_by_tma_feed_consumers_on_other_sms(rng):
+    """Transposes whose outputs other instructions read, on 4 SMs: x -> T -> T (its A read by
+    the loader's TMA copies of the first T's stores) -> copy (generic loads); the signalling
+    records wait for their stores' writes before the signal. 20 runs on fresh inputs, every
+    stage exact on outputs poisoned before each run."""
+    torch = pytest.importorskip("torch")
+    g = megak.Graph()
+    x = g.input("x", (512, 768), "float32")
+    t1 = g.transpose(x)
+    t2 = g.transpose(t1)
+    g.output(t1, "t1")
+    g.output(t2, "t2")
+    g.output(g.copy(t2), "c")
+    prog = megak.compile(g, backend="cuda", n_sm=4)
+    try:
+        ins = prog.plan.instrs
+        tiles = (ins["opcode"] == transpose.OP.opcode) & (ins["rows"] == transpose.TILE) & \
+                (ins["cols"] == transpose.TILE)
+        assert tiles.sum() == 48 and (ins["n_signals"][tiles] > 0).sum() >= 24
+        for _ in range(20):
+            xs = torch.from_numpy(rng.uniform(-1, 1, (512, 768)).astype(np.float32)).cuda()
+            out = {"t1": torch.full((768, 512), float("nan"), device="cuda"),
+                   "t2": torch.full((512, 768), float("nan"), device="cuda"),
+                   "c": torch.full((512, 768), float("nan"), device="cuda")}
+            prog.run(x=xs, out=out)
+            torch.cuda.synchronize()
+            want = xs.cpu().numpy()
+            np.testing.assert_array_equal(out["t1"].cpu().numpy(), want.T)
+            np.testing.assert_array_equal(out["t2"].cpu().numpy(), want)
+            np.testing.assert_array_equal(out["c"].cpu().numpy(), want)
+    finally:
+        prog.close()
+
+
+@pytest.mark.gpu
 def test_paged_transpose_of_a_tensor_past_the_table_head(rng):
     """x's table slot lies past the MK_TABLE_HEAD entries (and ready words) a launched block
     copies at its entry: the loader reads x's tensor-map ready word from global memory, and

@@ -210,12 +210,15 @@ def test_map_boxes():
     assert tensor_maps.box_shape(NR) == (32, 128, "64B")
     assert tensor_maps.box_shape(128) == (64, 128, "128B")
     assert tensor_maps.box_shape(64) == (64, 64, "128B")
-    # a transpose's A: fp32 boxes of one page, unless a GEMM wants the slot
+    # a transpose's A and OUT (slot 9 for every record here): fp32 boxes of one page, unless
+    # a GEMM wants the slot
     TR = tensor_maps.TRANSPOSE_READY
     rec = records(("transpose", 0, 0, 3), ("transpose", 0, 0, 5), ("gemm", W, 2, 5),
                   ("transpose", 0, 0, 3))
-    assert tensor_maps.map_boxes(rec) == {2: 64, 3: TR, 5: 128}
-    assert tensor_maps.box_shape(TR) == (128, 32, "NONE")
+    assert tensor_maps.map_boxes(rec) == {2: 64, 3: TR, 5: 128, 9: TR}
+    rec = records(("transpose", 0, 0, 3), ("gemm", W, 2, 9))
+    assert tensor_maps.map_boxes(rec) == {2: 64, 3: TR, 9: 128}   # OUT 9 is a wgmma A
+    assert tensor_maps.box_shape(TR) == (32, 128, "128B")
     assert tensor_maps.map_dtype(TR) == F32 and tensor_maps.map_dtype(128) == BF16
 
 
@@ -392,7 +395,7 @@ def test_encode_a_real_map():
         assert len(d) == abi.TMAP_BYTES and d not in (a, c)   # 32 columns, the 64-B swizzle
         assert tensor_maps.encodable(buf.ptr, 64, 128, 128, F32, tensor_maps.TRANSPOSE_READY)
         e = tensor_maps.encode(buf.ptr, 64, 128, 128, tensor_maps.TRANSPOSE_READY)
-        assert len(e) == abi.TMAP_BYTES and e not in (a, c, d)   # fp32, unswizzled
+        assert len(e) == abi.TMAP_BYTES and e not in (a, c, d)   # fp32, 32 x 128
         image = np.zeros(abi.table_bytes(1), np.uint8)
         entries = entries_of([(buf.ptr, 256, 64, 64, BF16)])
         assert tensor_maps.fill_table(image, 1, entries, {0: 128}) == 1

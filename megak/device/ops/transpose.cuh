@@ -3,15 +3,18 @@
  * tile per instruction, MK_TRANSPOSE_PAGES = 4 pages (the tile's 64 KiB). Operands: A, OUT.
  *
  * Two paths, picked per record on the device:
- *  - paged (a whole tile of an A with a tensor map, run by the megakernel's loader): loader
- *    lane 0 copies the tile into the instruction's 4 pages with 4 TMA copies of A's map (one
- *    box of MK_TRANSPOSE_PAGE_ROWS = 32 rows of 512 B a page, completing on
- *    ctl.transpose_full[slot]) after the dependency wait (L6), and hands the slot over without
- *    waiting for them (L7). The compute warps wait on that barrier (each thread acquires the
- *    bytes itself), read their 4 x 4 blocks from the pages (LDS.128), transpose them in
- *    registers and store them. The loader runs up to MK_SLOTS - 1 instructions ahead (a
- *    tile per slot: 8 of the 13 pages on two slots), so a tile lands while the one before
- *    is stored;
+ *  - paged (a whole tile, A and OUT both with tensor maps, run by the megakernel's loader):
+ *    loader lane 0 copies the tile into the instruction's 4 pages with 4 TMA copies of A's map
+ *    (page b: the box of MK_TRANSPOSE_BOX_COLS = 32 A columns x all 128 A rows, with the 128-B
+ *    swizzle, completing on ctl.transpose_full[slot]) after the dependency wait (L6), and hands
+ *    the slot over without waiting for them (L7). The compute warps wait on that barrier (each
+ *    thread acquires the bytes itself), read their 4 x 4 blocks (LDS.128), and after the
+ *    compute barrier write them back transposed into the same pages, now as OUT's boxes (page
+ *    g: 32 output columns x 128 output rows, same swizzle); after a second barrier thread 0
+ *    stores the 4 pages with 4 TMA stores of OUT's map. No compute thread issues a global
+ *    store, and the 8 warps' stores become 4 bulk copies. The loader runs up to MK_SLOTS - 1
+ *    instructions ahead (a tile per slot: 8 of the 13 pages on two slots), so a tile lands
+ *    while the one before is stored;
  *  - registers (tiles at the edges, views TMA cannot describe: no map, the separate-launch
  *    entry): the tile's loads straight from global memory into registers, then its stores.
  *
@@ -28,10 +31,11 @@
  * cp.async.bulk needs no map): a bulk copy's operands must be warp-uniform, so 32 lanes' copies
  * are issued one lane at a time, and the issue of a tile's 128 row copies took 5.3 us in the
  * megakernel (traced at L6, benchmarks/results/three-slots/trace-diag-8192.log): the loader
- * stood there until the tile had nearly landed, then behind the compute warps' stores, so
- * reads and stores of an SM alternated instead of overlapping (W4 1,072 us against the
- * register path's 649). The probe saw the same throughput from either form (3,783 rows,
- * 3,792 boxes), its loader having nothing else to do.
+ * stood there until the tile had nearly landed. Why the 128-B swizzle and TMA stores out: the
+ * probe's in-by-swizzled-boxes, out-by-TMA-stores form ran 3,777-3,842 GB/s against 3,747-3,770
+ * for the unswizzled tile stored by the compute warps (benchmarks/results/transpose-head/
+ * probe-modes-tail.log); the swizzle makes both the reads and the transposed writes of the
+ * pages conflict-free (below).
  *
  * Ordering of the paged path:
  *  - A may be another SM's output (generic stores, ordered before this by the dependency wait's
@@ -53,10 +57,21 @@
  *    block with MK_ERR_TIMEOUT after the op. Tiles of records the compute warps never run (a
  *    block that stops) are waited for by the loader when it leaves
  *    (mk_transpose_preload_drain, bounded), so no copy outlives the block;
- *  - the compute warps' reads of the pages end before the compute barrier after the op, which
- *    precedes the pages' hand-back.
+ *  - the transposed write-back: every thread's reads of the pages end before the compute
+ *    barrier, so no write lands on bytes another thread has yet to read; each writer's
+ *    fence.proxy.async.shared::cta, then the barrier again, order every generic write before
+ *    thread 0's TMA stores (async proxy) read the pages;
+ *  - thread 0 waits until its stores have read the pages (cp.async.bulk.wait_group.read)
+ *    before the compute barrier after the op, which precedes the pages' hand-back: no later
+ *    tile lands in them while a store reads them. Where the record signals counters (a
+ *    consumer in this graph), it also waits until the stores have written global memory and
+ *    runs fence.proxy.async.global (mk_bulk_wait_written) before that barrier, so the signal's
+ *    release (mk_compute_signal) publishes the tile like a generic store. Otherwise the
+ *    stores may still be in flight when the next instruction starts: the interpreter's thread
+ *    0 runs mk_bulk_wait_written whenever it leaves (megakernel.cu, mk_compute), before the
+ *    block reports its invocation done.
  *
- * The register layout (both paths): the tile is 1024 blocks of 4 x 4 floats, 4 per thread. A
+ * The register path's layout: the tile is 1024 blocks of 4 x 4 floats, 4 per thread. A
  * thread loads its blocks' 4 A rows (float4 each), transposes them in registers (renaming and
  * a few moves) and stores 4 output rows (float4 each): 16 loads of 16 B per thread (64
  * registers), no barrier inside the op.
@@ -69,8 +84,7 @@
  *
  *  - load (b, k): A row 4P + k, columns 4Q..4Q+3. A warp instruction covers 4 rows (l >> 3)
  *    x 8 consecutive chunks (l & 7) = 4 whole 128-B lines: 16 sectors per request from global
- *    memory; from the pages (row r at byte 512 (r % 32) of page r / 32) each quarter warp of an
- *    LDS.128 (one phase) reads 128 contiguous bytes of one row: no bank conflict.
+ *    memory.
  *  - store (b, m): out row 4Q + m, columns 4P..4P+3 = (x[b][0].m, .., x[b][3].m). A warp
  *    instruction covers 8 rows (l & 7) x 4 consecutive chunks (l >> 3) = 8 x 64 B: 16 sectors
  *    per request; blocks b and b ^ 1 of the same warp complete each 128-B line. (16 sectors
@@ -95,11 +109,14 @@ static_assert(MK_TRANSPOSE_TILE == 128 && MK_THREADS == 256,
               "the block map below assumes a 128 x 128 tile (32 x 32 blocks of 4 x 4), 8 warps");
 static_assert(MK_TRANSPOSE_PAGES * MK_PAGE_BYTES == MK_TRANSPOSE_TILE * MK_TRANSPOSE_TILE * 4,
               "the paged tile fills the record's pages");
-enum { MK_TRANSPOSE_ROW_BYTES = MK_TRANSPOSE_TILE * 4 };   /* one A row of a tile */
-static_assert(MK_TRANSPOSE_PAGE_ROWS * MK_TRANSPOSE_ROW_BYTES == MK_PAGE_BYTES,
-              "a page holds MK_TRANSPOSE_PAGE_ROWS A rows (one box of the A map)");
-static_assert(MK_TRANSPOSE_READY == 131072 + MK_TRANSPOSE_PAGE_ROWS,
-              "the A map's ready word names its box rows");
+enum { MK_TRANSPOSE_BOX_ROW_BYTES = MK_TRANSPOSE_BOX_COLS * 4 };   /* one row of a box */
+static_assert(MK_TRANSPOSE_BOX_ROW_BYTES == 128,
+              "a box row is the 128-B swizzle's span (16-B chunk c of row r at c ^ (r % 8))");
+static_assert(MK_TRANSPOSE_BOX_COLS * MK_TRANSPOSE_PAGES == MK_TRANSPOSE_TILE &&
+                  MK_TRANSPOSE_TILE * MK_TRANSPOSE_BOX_ROW_BYTES == MK_PAGE_BYTES,
+              "a page holds one box: MK_TRANSPOSE_BOX_COLS columns of every row of the tile");
+static_assert(MK_TRANSPOSE_READY == 131072 + MK_TRANSPOSE_TILE,
+              "the maps' ready word names their box rows");
 
 __device__ __forceinline__ bool mk_transpose_check(const mk_instr& in)
 {
@@ -191,27 +208,6 @@ __device__ __forceinline__ void mk_transpose_load_full(const mk_transpose_lane& 
     }
 }
 
-/* Half H from the pages (paged path): A row r of the tile at byte 512 (r % 32) of page r / 32;
- * the 4 rows of a block lie in one page. */
-template <int H>
-__device__ __forceinline__ void mk_transpose_load_paged(const mk_transpose_lane& t,
-                                                        const mk_pages& pages,
-                                                        float4 (&x)[2][4])
-{
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int r = 4 * (t.p0 + 4 * j);
-        const mk_u32 s = mk_smem_addr(pages[r / MK_TRANSPOSE_PAGE_ROWS]) +
-                         (mk_u32)(r % MK_TRANSPOSE_PAGE_ROWS) * MK_TRANSPOSE_ROW_BYTES +
-                         16u * (mk_u32)(t.q0 + 8 * H);
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
-                         : "=f"(x[j][k].x), "=f"(x[j][k].y), "=f"(x[j][k].z), "=f"(x[j][k].w)
-                         : "r"(s + (mk_u32)k * MK_TRANSPOSE_ROW_BYTES) : "memory");
-    }
-}
-
 template <int H>
 __device__ __forceinline__ void mk_transpose_store_full(const mk_transpose_lane& t, float* o,
                                                         mk_u32 ldo, const float4 (&x)[2][4])
@@ -240,12 +236,89 @@ __device__ __forceinline__ bool mk_transpose_wait(mk_u64* bar, mk_u32 parity = 0
     }
 }
 
-/* A function of its own, like the GEMM bodies: its registers are allocated apart from the
- * interpreter loop's (inlined there, the two together spill). `paged`: the loader copied the
- * tile into the pages (mk_transpose_preload). */
-__device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tensor* op,
-                                               unsigned char* page_base, const mk_u8* page_idx,
-                                               mk_u32 paged)
+/* The paged path's layout. Page b holds box b of A's map: A columns 32 b .. 32 b + 31 of the
+ * tile, row r (0..127) at byte 128 r, its 16-B chunk c (A columns 32 b + 4 c ..) at chunk
+ * c ^ (r % 8) (the 128-B swizzle). Thread (warp w, lane l), i = l & 7, g = l >> 3, holds the
+ * blocks P = 8 g + i (A rows 4P..4P+3), Q_b = 8 b + ((i + w) & 7) (A columns 4Q_b..), b = 0..3:
+ * over the 8 warps Q_b % 8 takes every value, so the 256 threads hold the 1,024 blocks. Each
+ * 8-lane phase of an LDS.128 or STS.128 then touches 8 distinct chunks of 8 rows: no bank
+ * conflict either way. The write-back puts output row 4Q_b + e (columns 4P..4P+3) into page g
+ * (output columns 32 g .. 32 g + 31: OUT's box g) at chunk i ^ (row % 8). */
+__device__ __forceinline__ mk_u32 mk_transpose_swizzled(mk_u32 page, mk_u32 row, mk_u32 chunk)
+{
+    return page + row * (mk_u32)MK_TRANSPOSE_BOX_ROW_BYTES + 16u * (chunk ^ (row & 7u));
+}
+
+/* The paged path (see "Ordering of the paged path"), a function of its own as the register
+ * path's is, both called from mk_transpose_run (a body called from a body gets the few
+ * registers a call inside a call leaves it). Each thread waits for the tile with its own
+ * deadline; the barrier after the reads also agrees on the outcome: where any thread's wait
+ * passed its deadline, every thread leaves with ctl.stream_error raised and nothing stored
+ * (the interpreter stops the block), so the barriers below always see all 256 threads. */
+__device__ __noinline__ void mk_transpose_paged(const mk_instr& in, unsigned char* page_base,
+                                                const mk_u8* page_idx, mk_u32 preloaded)
+{
+    /* the page table by value, as the GEMM bodies take it (a reference puts it on the stack) */
+    const mk_pages pages = {page_base, page_idx, preloaded, nullptr, nullptr};
+    mk_control& ctl = mk_ctl();
+    const bool landed = mk_transpose_wait(&ctl.transpose_full[mk_transpose_slot(in)]);
+#if MK_TRACE
+    if (threadIdx.x == 0)   /* the tile is in: the op's compute phase starts */
+        ctl.trace_t[MK_T_COMPUTED] = mk_globaltimer();
+#endif
+    const mk_u32 w = threadIdx.x >> 5, l = threadIdx.x & 31u, i = l & 7u, g = l >> 3;
+    const mk_u32 P = 8u * g + i, q = (i + w) & 7u;
+    /* x[b][k]: A row 4P + k, columns 4Q_b .. 4Q_b + 3. Read whether or not this thread's wait
+     * landed (a thread past its deadline discards what it read, at the vote below): the reads
+     * under a branch kept x in local memory across the barrier in the builds with the GEMM
+     * bodies (224-256 B of spills) */
+    float4 x[4][4];
+#pragma unroll
+    for (mk_u32 b = 0; b < 4u; ++b) {
+        const mk_u32 page = mk_smem_addr(pages[b]);
+#pragma unroll
+        for (mk_u32 k = 0; k < 4u; ++k)
+            asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(x[b][k].x), "=f"(x[b][k].y), "=f"(x[b][k].z), "=f"(x[b][k].w)
+                         : "r"(mk_transpose_swizzled(page, 4u * P + k, q)) : "memory");
+    }
+    if (!mk_compute_sync_all(landed)) {   /* and every thread's reads of the pages done */
+        if (threadIdx.x == 0)
+            atomicExch(&ctl.stream_error, 1u);
+        return;
+    }
+    const mk_u32 out_page = mk_smem_addr(pages[g]);
+#pragma unroll
+    for (mk_u32 b = 0; b < 4u; ++b) {
+        const mk_u32 r = 4u * (8u * b + q);   /* output rows r .. r + 3, columns 4P .. 4P + 3 */
+        const float4 y[4] = {make_float4(x[b][0].x, x[b][1].x, x[b][2].x, x[b][3].x),
+                             make_float4(x[b][0].y, x[b][1].y, x[b][2].y, x[b][3].y),
+                             make_float4(x[b][0].z, x[b][1].z, x[b][2].z, x[b][3].z),
+                             make_float4(x[b][0].w, x[b][1].w, x[b][2].w, x[b][3].w)};
+#pragma unroll
+        for (mk_u32 e = 0; e < 4u; ++e)
+            asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                         : : "r"(mk_transpose_swizzled(out_page, r + e, i)),
+                             "f"(y[e].x), "f"(y[e].y), "f"(y[e].z), "f"(y[e].w) : "memory");
+    }
+    mk_fence_proxy_async_smem();   /* this thread's writes -> the stores' reads */
+    mk_compute_sync();
+    if (threadIdx.x == 0) {
+        const void* map = mk_tmaps(ctl.params) + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_OUT];
+#pragma unroll
+        for (mk_u32 b = 0; b < (mk_u32)MK_TRANSPOSE_PAGES; ++b)
+            mk_tma_store_2d(map, in.col0 + (int)(b * MK_TRANSPOSE_BOX_COLS), in.row0,
+                            mk_smem_addr(pages[b]));
+        mk_bulk_commit();
+        mk_bulk_wait_read();   /* the pages may be handed back (and refilled) */
+        if (in.n_signals > 0)
+            mk_bulk_wait_written();   /* the signal publishes the tile */
+    }
+}
+
+/* The register path. A function of its own, like the GEMM bodies: its registers are allocated
+ * apart from the interpreter loop's (inlined there, the two together spill). */
+__device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tensor* op)
 {
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
@@ -261,21 +334,7 @@ __device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tens
     const bool full = ni == MK_TRANSPOSE_TILE && nj == MK_TRANSPOSE_TILE;
     const mk_transpose_lane t;
     float4 x0[2][4], x1[2][4];
-    /* No MK_T_LOADED mark (the interpreter's default: the op's start); MK_T_COMPUTED on the paged
-     * path marks the tile in (the compute threads' wait done), else the default. */
-    if (paged) {   /* the loader preloads whole tiles only */
-        if (!mk_transpose_wait(&mk_ctl().transpose_full[mk_transpose_slot(in)])) {
-            atomicExch(&mk_ctl().stream_error, 1u);   /* the interpreter stops the block */
-            return;
-        }
-#if MK_TRACE
-        if (threadIdx.x == 0)   /* the tile is in: the op's compute phase starts */
-            mk_ctl().trace_t[MK_T_COMPUTED] = mk_globaltimer();
-#endif
-        const mk_pages pages = {page_base, page_idx, paged, nullptr, nullptr};
-        mk_transpose_load_paged<0>(t, pages, x0);
-        mk_transpose_load_paged<1>(t, pages, x1);
-    } else if (full && a_vec) {
+    if (full && a_vec) {
         mk_transpose_load_full<0>(t, a, lda, x0);
         mk_transpose_load_full<1>(t, a, lda, x1);
     } else {
@@ -294,26 +353,37 @@ __device__ __noinline__ void mk_transpose_body(const mk_instr& in, const mk_tens
 __device__ __forceinline__ void mk_transpose_run(const mk_instr& in, const mk_tensor* op,
                                                  const mk_pages& pages)
 {
-    mk_transpose_body(in, op, pages.base, pages.idx, pages.preloaded);
+    if (pages.preloaded)   /* the loader copied a whole tile in (mk_transpose_preload) */
+        mk_transpose_paged(in, pages.base, pages.idx, pages.preloaded);
+    else
+        mk_transpose_body(in, op);
+}
+
+/* A tensor's ready word (instr.h): from the copy of the table's head where the tensor is in it
+ * (the loader's own shared memory), else one global read. */
+__device__ __forceinline__ mk_u32 mk_transpose_ready(const mk_control& ctl, mk_u32 tensor)
+{
+    return tensor < ctl.ready_head_n ? ctl.ready_head[tensor]
+                                     : mk_ld_relaxed(mk_tmap_ready(ctl.params) + tensor);
 }
 
 /* The loader's share (megakernel.cu, MK_FOR_EACH_OP's preload column): one stage, the whole
- * tile, where a record covers a whole tile of an fp32 A whose tensor map is in the table
- * (ready word MK_TRANSPOSE_READY: runtime/tensor_maps.py encodes it for every transpose's A
- * that TMA can describe); 0 elsewhere (the op loads from global memory itself). */
+ * tile, where a record covers a whole tile of an fp32 A and OUT whose tensor maps are both in
+ * the table (ready word MK_TRANSPOSE_READY: runtime/tensor_maps.py encodes it for every
+ * transpose's A and OUT that TMA can describe); 0 elsewhere (the op loads from global memory
+ * and stores there itself). */
 __device__ __forceinline__ mk_u32 mk_transpose_preload_stages(const mk_instr& in,
                                                               const mk_tensor* op)
 {
     if (in.rows != MK_TRANSPOSE_TILE || in.cols != MK_TRANSPOSE_TILE ||
-        op[MK_ARG_A].dtype != MK_DTYPE_F32 || in.pages < MK_TRANSPOSE_PAGES)
+        op[MK_ARG_A].dtype != MK_DTYPE_F32 || op[MK_ARG_OUT].dtype != MK_DTYPE_F32 ||
+        in.pages < MK_TRANSPOSE_PAGES)
         return 0u;
-    /* A's ready word: from the copy of the table's head where A is in it (the loader's own
-     * shared memory), else one global read */
     const mk_control& ctl = mk_ctl();
-    const mk_u32 a = in.tensor[MK_ARG_A];
-    const mk_u32 ready = a < ctl.ready_head_n ? ctl.ready_head[a]
-                                              : mk_ld_relaxed(mk_tmap_ready(ctl.params) + a);
-    return ready == (mk_u32)MK_TRANSPOSE_READY ? 1u : 0u;
+    return mk_transpose_ready(ctl, in.tensor[MK_ARG_A]) == (mk_u32)MK_TRANSPOSE_READY &&
+                   mk_transpose_ready(ctl, in.tensor[MK_ARG_OUT]) == (mk_u32)MK_TRANSPOSE_READY
+               ? 1u
+               : 0u;
 }
 
 /* Whether a page of `pages` (this record's, `n` of them) is one that `prev`, an earlier record
@@ -330,7 +400,7 @@ __device__ __forceinline__ bool mk_transpose_reuses(const mk_pages& pages, mk_u3
 }
 
 /* L6 (the rest of the first stages, after the dependency wait): the tile into the pages, one
- * box of the A map (MK_TRANSPOSE_PAGE_ROWS A rows) per page, issued by lane 0 and not waited
+ * box of the A map (MK_TRANSPOSE_BOX_COLS A columns) per page, issued by lane 0 and not waited
  * for here (see "Ordering"). Nothing at L4: the whole tile is one stage. q: this record's
  * position in the queue. */
 __device__ __forceinline__ mk_u32 mk_transpose_preload(const mk_instr& in, const mk_tensor* op,
@@ -360,7 +430,7 @@ __device__ __forceinline__ mk_u32 mk_transpose_preload(const mk_instr& in, const
         mk_mbar_init(bar, 1u);
         ctl.transpose_inited |= 1u << slot;
         mk_fence_mbar_init();
-        mk_mbar_expect_tx(bar, (mk_u32)(MK_TRANSPOSE_TILE * MK_TRANSPOSE_ROW_BYTES));
+        mk_mbar_expect_tx(bar, (mk_u32)(MK_TRANSPOSE_TILE * MK_TRANSPOSE_TILE * 4));
         /* generic accesses -> the copies, per state space: the full fence.proxy.async is a
          * MEMBAR.ALL.GPU in SASS, which waits for every store the SM has in flight (the tile
          * the compute warps are storing) and so would serialise this copy behind it; the
@@ -371,11 +441,11 @@ __device__ __forceinline__ mk_u32 mk_transpose_preload(const mk_instr& in, const
         /* A is read once: evict-first keeps it from pushing the output's lines out of L2 */
         const mk_u64 policy = mk_policy_evict_first();
         const void* map = mk_tmaps(ctl.params) + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_A];
-        /* page i: A rows col0 + 32 i .. + 32, columns row0 .. + 128 (S(i, j) above) */
+        /* page b: A columns row0 + 32 b .. + 32, rows col0 .. + 128 (S(i, j) above), swizzled */
 #pragma unroll
-        for (mk_u32 i = 0; i < (mk_u32)MK_TRANSPOSE_PAGES; ++i)
-            mk_tma_load_2d(mk_smem_addr(pages[i]), map, in.row0,
-                           in.col0 + (int)(i * MK_TRANSPOSE_PAGE_ROWS), bar, policy);
+        for (mk_u32 b = 0; b < (mk_u32)MK_TRANSPOSE_PAGES; ++b)
+            mk_tma_load_2d(mk_smem_addr(pages[b]), map,
+                           in.row0 + (int)(b * MK_TRANSPOSE_BOX_COLS), in.col0, bar, policy);
     }
     return 0u;   /* tensor copies only: the loader's L7 does not wait for them */
 }
