@@ -10,9 +10,10 @@ ring was conflict-free under this model, yet Nsight Compute's counter
 that hardware counter also counts arbitration with other traffic on the L1 data banks
 (cp.async fills, global stores), which no address layout removes. So the model's verdict for
 the copy is "no shared access at all", checked on its source. The transpose's paged path
-reads each tile from the pages the loader filled (transpose.cuh): its LDS.128 pattern is
-modelled below (no conflict in any phase), with the global side of both ops, restated from
-the device code:
+reads each tile from the pages the loader filled by swizzled TMA boxes and writes it back
+transposed for the TMA stores (transpose.cuh): both patterns are modelled below against the
+128-B swizzle's definition (no conflict in any phase, the tile out equal to A's tile
+transposed), with the global side of both ops, restated from the device code:
 
 - copy: mk_copy_stream and mk_copy_walk::next (copy.cuh) -- unit t + 256 s of the region's
   (row, float4 unit) index space, walked incrementally; groups of MK_COPY_GROUP_LOADS.
@@ -67,27 +68,69 @@ def test_copy_touches_no_shared_memory():
     assert abi.OP_SHAPES["MK_COPY_PAGES"] == 0
 
 
-def test_paged_transpose_reads_without_conflicts():
-    """mk_transpose_load_paged: A row r of the tile at byte 512 (r % 32) of page r / 32 (pages
-    1 KiB aligned: the bank of a byte depends on its offset in the page only); every LDS.128
-    of every warp, (b, k), serves each phase of 8 lanes in one wavefront, and the 16 loads of
-    each thread cover the tile once."""
-    row_bytes = 4 * abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
-    page_rows = abi.LIMITS["MK_PAGE_BYTES"] // row_bytes
-    seen = set()
+def swizzled(row, chunk):
+    """Byte offset in a page of 16-B chunk `chunk` of box row `row` (128 B a row) under the
+    128-B swizzle, as a TMA copy places it and a TMA store reads it (pages 1 KiB aligned)."""
+    return 128 * row + 16 * (chunk ^ (row % 8))
+
+
+def test_paged_transpose_through_swizzled_pages(rng):
+    """mk_transpose_paged on a random tile: the pages as A's 4 boxes land in them (page b: A
+    columns 32 b .., every row), each thread's 16 LDS.128 (block P = 8 g + i, Q_b = 8 b +
+    ((i + w) & 7)), the write-back's 16 STS.128 into page g, then OUT's 4 boxes as the stores
+    read them: the tile out is A's transposed, every phase of 8 lanes of every warp
+    instruction is served in one wavefront both ways, and no byte is read or written twice."""
+    tile = abi.OP_SHAPES["MK_TRANSPOSE_TILE"]
+    box_cols = abi.OP_SHAPES["MK_TRANSPOSE_BOX_COLS"]
+    page_bytes = abi.LIMITS["MK_PAGE_BYTES"]
+    assert box_cols * 4 == 128 and tile * 128 == page_bytes
+    A = rng.uniform(-1, 1, (tile, tile)).astype(np.float32)
+    pages = np.full((4, page_bytes // 4), np.nan, np.float32)   # the boxes, as TMA lands them
+    for b in range(4):
+        for r in range(tile):
+            for c in range(box_cols // 4):
+                off = swizzled(r, c) // 4
+                pages[b, off:off + 4] = A[r, 32 * b + 4 * c:32 * b + 4 * c + 4]
+    x = {}
+    read = set()
     for w in range(8):
         for b in range(4):
             for k in range(4):
                 addrs = []
                 for lane in range(32):
-                    p = 8 * (w & 3) + 4 * (b & 1) + (lane >> 3)
-                    q = 16 * (w >> 2) + 8 * (b >> 1) + (lane & 7)
-                    r = 4 * p + k
-                    page, off = r // page_rows, (r % page_rows) * row_bytes + 16 * q
+                    i, g = lane & 7, lane >> 3
+                    P, q = 8 * g + i, (i + w) & 7
+                    off = swizzled(4 * P + k, q)
                     addrs.append(off)
-                    seen.add((page, off))
-                assert extra_wavefronts(addrs, 16) == [0, 0, 0, 0], (w, b, k)
-    assert len(seen) == 128 * 128 // 4 and abi.OP_SHAPES["MK_TRANSPOSE_PAGES"] == 4
+                    assert (b, off) not in read
+                    read.add((b, off))
+                    x[(w, lane, b, k)] = pages[b, off // 4:off // 4 + 4].copy()
+                assert extra_wavefronts(addrs, 16) == [0, 0, 0, 0], ("read", w, b, k)
+    assert len(read) == tile * tile // 4
+    pages[:] = np.nan                                           # the barrier, then the write-back
+    written = set()
+    for w in range(8):
+        for b in range(4):
+            for e in range(4):
+                addrs = {}
+                for lane in range(32):
+                    i, g = lane & 7, lane >> 3
+                    r = 4 * (8 * b + ((i + w) & 7)) + e
+                    off = swizzled(r, i)
+                    addrs[lane] = off
+                    assert (g, off) not in written
+                    written.add((g, off))
+                    pages[g, off // 4:off // 4 + 4] = [x[(w, lane, b, kk)][e] for kk in range(4)]
+                # a phase's 8 lanes share g: they write the same page, so the offsets decide
+                assert extra_wavefronts([addrs[n] for n in range(32)], 16) == [0, 0, 0, 0], \
+                    ("write", w, b, e)
+    out = np.full((tile, tile), np.nan, np.float32)             # OUT's boxes, as stored
+    for g in range(4):
+        for r in range(tile):
+            for c in range(box_cols // 4):
+                off = swizzled(r, c) // 4
+                out[r, 32 * g + 4 * c:32 * g + 4 * c + 4] = pages[g, off:off + 4]
+    np.testing.assert_array_equal(out, A.T)
 
 
 @pytest.mark.parametrize("rows,units,ld", [(40, 2048, 8192), (300, 3, 12), (7, 100, 404),
