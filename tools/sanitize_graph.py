@@ -25,9 +25,11 @@ per stage, two parts combined) and one of its own (8 rows in narrow bands: a sta
 boxes, the last one past K's end), so that stages are read by 2 and 1 warps in every order,
 as launches and as resident requests (the ring's barriers set up again per request).
 A fifth, tiles_graph, on 2 SMs: paged transposes (device/ops/transpose.cuh), whole tiles the
-loader copies into pages by bulk copies one instruction ahead, several per SM, one of them
-reading another SM's copy (generic stores, then the loader's proxy fence), with edge tiles
-between them on the register path; as launches and as resident requests.
+loader copies into pages by tensor copies ahead of their instruction and thread 0 stores by
+TMA from them, several per SM, one reading another SM's copy (generic stores, then the
+loader's proxy fence), one reading another transpose's TMA-stored tiles (their stores
+waited for and fenced before the signal), with edge tiles between them on the register path;
+as launches and as resident requests.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -135,12 +137,14 @@ TILES_X, TILES_SMS = (260, 384), 2
 
 
 def tiles_graph() -> megak.Graph:
-    """tt = copy(x)^T and tx = x^T (x: TILES_X fp32): six whole 128 x 128 tiles and three at
-    the edges each, on TILES_SMS SMs."""
+    """tt = copy(x)^T, tx = x^T and ttt = tt^T = x (x: TILES_X fp32): six whole 128 x 128
+    tiles and three at the edges each, on TILES_SMS SMs."""
     g = megak.Graph()
     x = g.input("x", TILES_X, "float32")
-    g.output(g.transpose(g.copy(x)), "tt")
+    tt = g.transpose(g.copy(x))
+    g.output(tt, "tt")
     g.output(g.transpose(x), "tx")
+    g.output(g.transpose(tt), "ttt")
     return g
 
 
@@ -334,9 +338,9 @@ def main(argv=None) -> int:
                                                "pages")
             x = rng.uniform(-1, 1, TILES_X).astype(np.float32)
             out5 = prog5.run(x=x) if resident is None else resident.submit(prog5, x=x).wait()
-            for name in ("tt", "tx"):
-                same = np.array_equal(out5[name], x.T)
-                results.append((same, f"{name} = x^T (paged transposes): "
+            for name, want in (("tt", x.T), ("tx", x.T), ("ttt", x)):
+                same = np.array_equal(out5[name], want)
+                results.append((same, f"{name} (paged transposes): "
                                       f"{'exact' if same else 'differs'}"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
