@@ -424,16 +424,6 @@ __device__ __forceinline__ mk_u32 mk_wait(const mk_params& p, mk_u32* counter, m
     }
 }
 
-/* Thread 0 of the compute warps / lane 0 of the loader: wait for phase `parity` of `bar`,
- * bounded by `deadline` (%globaltimer ns). */
-__device__ __forceinline__ bool mk_mbar_wait(mk_u64* bar, mk_u32 parity, mk_u64 deadline)
-{
-    while (!mk_mbar_try_wait(bar, parity))
-        if (mk_globaltimer() > deadline)
-            return false;
-    return true;
-}
-
 /* How long the pages may still be missing once every earlier instruction is done before the
  * loader calls it a leak (mk_loader_acquire). */
 constexpr mk_u64 MK_LEAK_GRACE_NS = 20000;

@@ -239,6 +239,15 @@ __device__ __forceinline__ bool mk_mbar_try_wait(mk_u64* bar, mk_u32 parity)
     return ok != 0u;
 }
 
+/* Wait for phase `parity` of `bar`, bounded by `deadline` (%globaltimer ns); false past it. */
+__device__ __forceinline__ bool mk_mbar_wait(mk_u64* bar, mk_u32 parity, mk_u64 deadline)
+{
+    while (!mk_mbar_try_wait(bar, parity))
+        if (mk_globaltimer() > deadline)
+            return false;
+    return true;
+}
+
 /* ---- fp32 data through pages by cp.async (unused now: the copy keeps its data in registers,
  * the transpose's tiles come by TMA) ---- *
  * cp.async is a weak generic-proxy access like mk_ld_f4 (not the async proxy of TMA), so the

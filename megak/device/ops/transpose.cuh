@@ -225,15 +225,9 @@ __device__ __forceinline__ void mk_transpose_store_full(const mk_transpose_lane&
 /* Bounded wait for the phase of `parity` of an mbarrier; false past the deadline. */
 __device__ __forceinline__ bool mk_transpose_wait(mk_u64* bar, mk_u32 parity = 0u)
 {
-    if (mk_mbar_try_wait(bar, parity))
-        return true;
-    const mk_u64 deadline = mk_deadline(mk_ctl().params.timeout_ns);
-    for (;;) {
-        if (mk_mbar_try_wait(bar, parity))
-            return true;
-        if (mk_globaltimer() > deadline)
-            return false;
-    }
+    /* the clock read only where the first try fails (a tile has mostly landed by then) */
+    return mk_mbar_try_wait(bar, parity) ||
+           mk_mbar_wait(bar, parity, mk_deadline(mk_ctl().params.timeout_ns));
 }
 
 /* The paged path's layout. Page b holds box b of A's map: A columns 32 b .. 32 b + 31 of the
