@@ -38,6 +38,9 @@ class Transpose(OpDef):
     def lower(self, unit) -> Lowered:
         rows, cols = unit.output.shape           # = (x.cols, x.rows)
         row_edges, col_edges = edges(rows, TILE), edges(cols, TILE)
+        # tiles in row-major order, so a wave of SMs writes whole output rows: the GEMMs'
+        # grouped order (longer runs of each x row per wave) measured 0.8-2.1% slower on a
+        # 16384^2 transpose (benchmarks/ANALYSIS.md, "W4's last 1%")
         r0, rn, c0, cn = grid(row_edges, col_edges)
         # out[r0:r1, c0:c1] = x[c0:c1, r0:r1]^T
         reads = [Region(c0, c0 + cn, r0, r0 + rn)]

@@ -1,0 +1,21 @@
+import time, torch
+x = torch.zeros((1, 32), device="cuda"); y = torch.zeros((1, 32), device="cuda")
+types = (torch.Tensor, torch.nn.Parameter)
+def t(f, n=20000):
+    for _ in range(200): f()
+    s = time.perf_counter_ns()
+    for _ in range(n): f()
+    return (time.perf_counter_ns() - s) / n / 1e3
+print("torch", torch.__version__)
+print("data_ptr   %.3f us" % t(lambda: x.data_ptr()))
+print("shape      %.3f us" % t(lambda: x.shape))
+print("size()     %.3f us" % t(lambda: x.size()))
+print("stride()   %.3f us" % t(lambda: x.stride()))
+print("_cdata     %.3f us" % t(lambda: x._cdata))
+print("dtype      %.3f us" % t(lambda: x.dtype))
+print("device     %.3f us" % t(lambda: x.device))
+print("type in    %.3f us" % t(lambda: type(x) in types))
+print("key part   %.3f us" % t(lambda: ("x", id(x), x.data_ptr(), x.shape, x.stride())))
+print("key part2  %.3f us" % t(lambda: ("x", id(x), x.data_ptr(), x.size(), x.stride())))
+print("dict get   %.3f us" % t(lambda: {}.get((("x", id(x), x.data_ptr(), x.shape, x.stride()), None, ("y", id(y), y.data_ptr(), y.shape, y.stride()), None))))
+print("cur stream %.3f us" % t(lambda: torch.cuda.current_stream().cuda_stream))
