@@ -1,9 +1,9 @@
 """Transpose: out = x^T, lowered into one instruction per output tile of TILE x TILE (128, from
 instr.h), each with MK_TRANSPOSE_PAGES = 4 pages: the loader copies a whole tile of x into
-them by TMA (x's tensor map, runtime/tensor_maps.py) ahead of the instruction
-(device/ops/transpose.cuh says when, and why), and the compute warps move it through
-registers as 4 x 4 blocks into the output. Edge tiles, and tiles the device cannot copy that
-way, are loaded from global memory by the op itself."""
+them by TMA (x's tensor map, runtime/tensor_maps.py) ahead of the instruction, the compute
+warps write it back transposed into the same pages as 4 x 4 blocks, and thread 0 stores them
+by TMA (the output's map; device/ops/transpose.cuh says when, and why). Edge tiles, and tiles
+where x or the output has no map, are loaded and stored by the op itself through registers."""
 from __future__ import annotations
 
 from .. import abi
@@ -53,10 +53,10 @@ class Transpose(OpDef):
                 and int(rec["rows"]) <= TILE and int(rec["cols"]) <= TILE)
 
     def page_plan(self, rec, dtype_a: str) -> PagePlan:
-        """A whole tile is preloaded into the record's pages (the device also needs a tensor
-        map of x, which only the run's tensors allow: where x's rows are not 16-B aligned it
-        has none, loads the tile itself and the pages stay unused); an edge tile holds its
-        pages unused."""
+        """A whole tile is preloaded into the record's pages (the device also needs tensor
+        maps of x and the output, which only the run's tensors allow: where either's rows are
+        not 16-B aligned it has none, the op loads and stores the tile itself and the pages
+        stay unused); an edge tile holds its pages unused."""
         if int(rec["rows"]) == TILE and int(rec["cols"]) == TILE:
             return PAGED_PLAN
         return NO_PAGES

@@ -128,8 +128,8 @@ def maps_cover(ready: np.ndarray, slots: tuple[frozenset, frozenset]) -> bool:
 
 
 def map_dtype(box: int) -> int:
-    """The element type (abi.DTYPES) of the maps a ready word names: fp32 for a transpose's A,
-    bf16 for the GEMMs' operands."""
+    """The element type (abi.DTYPES) of the maps a ready word names: fp32 for a transpose's A
+    and OUT, bf16 for the GEMMs' operands."""
     return _F32 if box == TRANSPOSE_READY else _BF16
 
 
