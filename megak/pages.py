@@ -70,4 +70,5 @@ def ring_pages(n_pages: int, largest_record_pages: int) -> int:
 def check_page_needs(needs: int, n_pages: int, what: str) -> None:
     if needs > n_pages:
         raise GraphError(f"{what} needs {needs} shared-memory pages of {PAGE_BYTES} B; "
-                         f"this device has {n_pages}")
+                         f"the plan has n_pages={n_pages} per SM (compile(n_pages=...); "
+                         f"the default is as many as fit the device)")

@@ -332,7 +332,7 @@ def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):
             for t in op.inputs:
                 readers[t.index] = readers.get(t.index, 0) + 1
     outputs = {t.index for t in graph.outputs.values()}
-    units: list[Unit] = []
+    units: list[Unit | None] = []      # None: a unit fused into a later position
     writer: dict[int, int] = {}        # tensor index -> position in units
     for op in graph.ops:
         if op.index not in live:
@@ -345,15 +345,24 @@ def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):
                 continue
             fused = spec.fuse(op, units[at], pos)
             if fused is not None:
-                units[at] = fused
                 del writer[t.index]
+                # Units stay in a topological order (placement and the queues follow it): the
+                # fused unit now also reads the op's other operands, and where one of them is
+                # written after the producer (x@w1 + x@w2), it moves to the op's place.
+                if any(writer.get(u.index, -1) > at for u in fused.inputs):
+                    units[at] = None
+                    at = len(units)
+                    units.append(fused)
+                else:
+                    units[at] = fused
                 writer[op.output.index] = at
                 break
         if fused is None:
             writer[op.output.index] = len(units)
             units.append(Unit.of(op))
     ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors), n_pages=n_pages)
-    expanded = [part for u in units for part in REGISTRY[u.kind].expand(u, ctx)]
+    expanded = [part for u in units if u is not None
+                for part in REGISTRY[u.kind].expand(u, ctx)]
     return [u.with_(index=i) for i, u in enumerate(expanded)], ctx.hidden, dropped
 
 

@@ -118,6 +118,45 @@ def random_bf16_graph(seed: int) -> megak.Graph:
     return _with_outputs(g, pool, rng)
 
 
+def random_fused_graph(seed: int) -> megak.Graph:
+    """Graphs where adds fold into GEMM epilogues whose other operand is produced after the
+    GEMM (x@w1 + x@w2, LoRA's x@w + (x@a)@b, gemm + copy(v), chains of such sums), in fp32 or
+    bf16: the fused unit must wait for that later producer without breaking queue order."""
+    rng = np.random.default_rng(seed)
+    dtype = "bfloat16" if rng.random() < 0.4 else "float32"
+    dims = ROWS_BF16 if dtype == "bfloat16" else DIMS
+    cols = COLS_BF16 if dtype == "bfloat16" else DIMS
+    g = megak.Graph()
+
+    def new_input(shape, dtype=dtype):
+        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), dtype)
+
+    x = new_input((rng.choice(dims), rng.choice(cols)))
+    pool = [x]
+    for _ in range(int(rng.integers(1, 5))):
+        same = [t for t in pool if t.dtype == dtype]  # (an fp32 b first makes an fp32 sum)
+        x = same[int(rng.integers(len(same)))]
+        n = int(rng.choice(cols))
+        h = g.gemm(x, new_input((x.cols, n)))          # read once: the add folds into it
+        other = rng.choice(["gemm", "lora", "copy", "transpose", "sum"])
+        if other == "gemm":
+            b = g.gemm(x, new_input((x.cols, n)))
+        elif other == "lora":
+            r = int(rng.choice([1, 8, 16]))
+            b = g.gemm(g.gemm(x, new_input((x.cols, r))), new_input((r, n)))
+        elif other == "copy":
+            b = g.copy(new_input((x.rows, n), "float32"))   # copy and transpose: fp32 only
+        elif other == "transpose":
+            b = g.transpose(new_input((n, x.rows), "float32"))
+        else:                                           # the sum of two products, then more
+            b = g.add(g.gemm(x, new_input((x.cols, n))), g.gemm(x, new_input((x.cols, n))))
+        if rng.random() < 0.3:
+            pool.append(g.add(b, h))                    # the GEMM as the add's second operand
+        else:
+            pool.append(g.add(h, b))
+    return _with_outputs(g, pool, rng)
+
+
 def _with_outputs(g: megak.Graph, pool: list, rng) -> megak.Graph:
     """The last op's result as an output, and each other op's with probability 0.3."""
     produced = [t for t in pool if t.producer is not None]

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 import megak
-from tests.random_dags import random_bf16_graph, random_graph
+from tests.random_dags import random_bf16_graph, random_fused_graph, random_graph
 from tests.reference import assert_close, check_graph, evaluate, random_inputs
 
 # kind -> (graph maker, simulator seeds, GPU seeds, input seed offsets (simulator, GPU))
 KINDS = {"fp32": (random_graph, range(200), range(120), (1000, 2000)),
-         "bf16": (random_bf16_graph, range(300), range(60), (3000, 4000))}
+         "bf16": (random_bf16_graph, range(300), range(60), (3000, 4000)),
+         "fused": (random_fused_graph, range(200), range(40), (5000, 6000))}
 
 
 def cases(which: int):

@@ -98,3 +98,31 @@ def test_add_stays_an_instruction_where_folding_would_change_the_result(rng, gra
     prog = megak.compile(g, backend="sim", n_sm=4)
     assert "add" in prog.stats["instructions_per_opcode"]
     check_graph(prog, g, rng, "unfused add")
+
+
+def _sum_with_a_later_producer(case):
+    g = megak.Graph()
+    x = g.input("x", (33, 64))
+    h = g.gemm(x, g.input("w1", (64, 48)))
+    if case == "two-gemms":                    # x@w1 + x@w2
+        b = g.gemm(x, g.input("w2", (64, 48)))
+    elif case == "lora":                       # x@w + (x@a)@b
+        b = g.gemm(g.gemm(x, g.input("a", (64, 8))), g.input("b", (8, 48)))
+    else:                                      # x@w + copy(v)
+        b = g.copy(g.input("v", (33, 48)))
+    g.output(g.add(h, b), "y")
+    return g
+
+
+@pytest.mark.parametrize("n_sm", [1, 2, 5])
+@pytest.mark.parametrize("case", ["two-gemms", "lora", "copy"])
+def test_a_fused_add_waits_for_an_operand_written_after_its_gemm(backend, rng, case, n_sm):
+    """The add folds into the first GEMM, whose residual is written by a later op: the fused
+    unit must come after that op in every queue (one SM: a single queue in unit order)."""
+    g = _sum_with_a_later_producer(case)
+    prog = megak.compile(g, backend=backend, n_sm=n_sm)
+    assert "add" not in prog.stats["instructions_per_opcode"]
+    labels = prog.plan.op_labels
+    fused = next(i for i, label in enumerate(labels) if "(fused)" in label)
+    assert fused == len(labels) - 1, labels
+    check_graph(prog, g, rng, f"fused add after {case}")
