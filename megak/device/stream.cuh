@@ -151,6 +151,14 @@ __device__ __forceinline__ mk_u64 mk_policy_evict_first()
     return pol;
 }
 
+/* The default L2 policy, for a copy that takes one (mk_tma_load_2d). */
+__device__ __forceinline__ mk_u64 mk_policy_evict_normal()
+{
+    mk_u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
 /* One box of the tensor `tmap` (global address of a CUtensorMap), at column c0 and row r0 of
  * the tensor, into the page at shared address dst; its bytes complete on `bar`. Rows and
  * columns past the tensor arrive as zeros. */

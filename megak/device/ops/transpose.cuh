@@ -432,8 +432,10 @@ __device__ __forceinline__ mk_u32 mk_transpose_preload(const mk_instr& in, const
          * with it */
         asm volatile("fence.proxy.async.global;" : : : "memory");
         asm volatile("fence.proxy.async.shared::cta;" : : : "memory");
-        /* A is read once: evict-first keeps it from pushing the output's lines out of L2 */
-        const mk_u64 policy = mk_policy_evict_first();
+        /* A is read once, yet evict-first is slower here: W4 562 us with the normal policy
+         * against 583 with evict-first (and 567 with evict-first on the tile's stores too),
+         * benchmarks/ANALYSIS.md */
+        const mk_u64 policy = mk_policy_evict_normal();
         const void* map = mk_tmaps(ctl.params) + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_A];
         /* page b: A columns row0 + 32 b .. + 32, rows col0 .. + 128 (S(i, j) above), swizzled */
 #pragma unroll
