@@ -28,6 +28,11 @@ given as `out=`, a bound call), the median over N calls of:
   resident bound  r.submit(bound).wait(): the same request without the call key
 
     python tools/probe_run_steps.py [--n 1000] [--workloads W7-call-copy W7-call-mlp1024]
+                                    [--n-sm DEFAULT 1 ...] [--rounds 1]
+
+--n-sm: the programs compiled for each of these SM counts in turn, round by round ("DEFAULT":
+the device's; a smaller count launches that many blocks: what the blocks of empty queues,
+which leave at once, cost a call).
 """
 from __future__ import annotations
 
@@ -52,13 +57,13 @@ def median_us(fn, n: int, warmup: int = 20) -> float:
     return float(np.median(time_calls(fn, n, warmup)))
 
 
-def steps(name: str, n: int) -> dict:
+def steps(name: str, n: int, n_sm: int | None = None) -> dict:
     from benchmarks import report
     from benchmarks.workloads import FACTORIES
     w = FACTORIES[name]()
     env = report.TorchEnv()
     inputs = w.make_inputs(np.random.default_rng(5))
-    prog = megak.compile(w.build(), backend="cuda")
+    prog = megak.compile(w.build(), backend="cuda", n_sm=n_sm)
     try:
         plan = prog.plan
         tin = env.to_device(inputs)
@@ -122,11 +127,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--workloads", nargs="*", default=["W7-call-copy", "W7-call-mlp1024"])
+    ap.add_argument("--n-sm", nargs="*", default=["DEFAULT"])
+    ap.add_argument("--rounds", type=int, default=1)
     args = ap.parse_args(argv)
-    for name in args.workloads:
-        s = steps(name, args.n)
-        print(f"{name:18s} " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                          for k, v in s.items()), flush=True)
+    counts = [None if c == "DEFAULT" else int(c) for c in args.n_sm]
+    for r in range(args.rounds):
+        for name in args.workloads:
+            for n_sm in counts:
+                s = steps(name, args.n, n_sm)
+                tag = "" if n_sm is None else f" n_sm {n_sm}"
+                cells = (f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in s.items())
+                print(f"{name}{tag} round {r}: " + "  ".join(cells), flush=True)
     return 0
 
 
