@@ -1,7 +1,6 @@
 """tools/ab_trees.py's CPU half: the trees it prepares hold the revision (and patch) asked for,
 and its table reads the timings the GPU half collects."""
 import difflib
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -9,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("ab_trees", ROOT / "tools" / "ab_trees.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("ab_trees")
 
 
 def _git(*args) -> str:

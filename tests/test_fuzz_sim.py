@@ -1,19 +1,14 @@
 """tools/fuzz_sim.py: a few seeds of every kind in every mode pass, and a wrong result is
 reported as a failure with exit status 1."""
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.tools import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("fuzz_sim", ROOT / "tools" / "fuzz_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("fuzz_sim")
 
 
 def test_every_mode_passes_on_a_few_seeds(capsys):

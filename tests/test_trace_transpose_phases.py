@@ -1,22 +1,15 @@
 """tools/trace_transpose_phases.py's CPU half: the intervals it reads from a trace's events, on
 a synthetic trace whose every interval is known."""
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 
 from megak import abi
+from tests.tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[1]
 P = abi.TRACE_PHASES
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "trace_transpose_phases", ROOT / "tools" / "trace_transpose_phases.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("trace_transpose_phases")
 
 
 def test_pairs_read_each_interval_per_sm_in_queue_order():
