@@ -157,6 +157,43 @@ def random_fused_graph(seed: int) -> megak.Graph:
     return _with_outputs(g, pool, rng)
 
 
+STREAM_DIMS = [64, 100, 128, 200, 520, 1024]
+
+
+def random_stream_graph(seed: int) -> megak.Graph:
+    """Layer chains at batch 1 to 64 on bf16 weights (the weight stream: its ring runs across
+    instruction boundaries where an SM has several layers' bands), with random epilogues
+    (bias, activation, residual, an fp32 output that the next layer cannot take as bf16 A
+    ends the chain), K and N off the 64 / 128 boxes, sometimes a bias added between layers."""
+    rng = np.random.default_rng(seed)
+    g = megak.Graph()
+
+    def new_input(shape, dtype="bfloat16"):
+        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), dtype)
+
+    m = int(rng.choice([1, 2, 7, 16, 33, 64]))
+    h = new_input((m, rng.choice(STREAM_DIMS)))
+    pool = [h]
+    for _ in range(int(rng.integers(2, 6))):
+        n = int(rng.choice(STREAM_DIMS))
+        kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
+        if rng.random() < 0.3:
+            kw["bias"] = new_input((n,), "bfloat16" if rng.random() < 0.5 else "float32")
+        if rng.random() < 0.2:
+            kw["residual"] = new_input((m, n))
+        last = rng.random() < 0.15
+        if last:
+            kw["out_dtype"] = "float32"
+        h = g.gemm(h, new_input((h.cols, n)), **kw)
+        pool.append(h)
+        if last:
+            break
+        if rng.random() < 0.15:
+            h = g.add(h, new_input((n,)))
+            pool.append(h)
+    return _with_outputs(g, pool, rng)
+
+
 def _with_outputs(g: megak.Graph, pool: list, rng) -> megak.Graph:
     """The last op's result as an output, and each other op's with probability 0.3."""
     produced = [t for t in pool if t.producer is not None]
