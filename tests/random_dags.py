@@ -163,8 +163,8 @@ STREAM_DIMS = [64, 100, 128, 200, 520, 1024]
 def random_stream_graph(seed: int) -> megak.Graph:
     """Layer chains at batch 1 to 64 on bf16 weights (the weight stream: its ring runs across
     instruction boundaries where an SM has several layers' bands), with random epilogues
-    (bias, activation, residual, an fp32 output that the next layer cannot take as bf16 A
-    ends the chain), K and N off the 64 / 128 boxes, sometimes a bias added between layers."""
+    (bias, activation, residual; an fp32 output ends the chain, as the next layer's A must be
+    bf16), K and N off the 64 / 128 boxes, sometimes a bias added between layers."""
     rng = np.random.default_rng(seed)
     g = megak.Graph()
 
