@@ -21,13 +21,14 @@ def test_every_mode_passes_on_a_few_seeds(capsys):
 
 
 def test_a_wrong_result_is_a_failure(capsys, monkeypatch):
+    from tests import reference
     tool = _tool()
-    real = tool.evaluate
+    real = reference.evaluate
 
     def off_by_one(graph, inputs):
         return {i: (value + 1.0, bound) for i, (value, bound) in real(graph, inputs).items()}
 
-    monkeypatch.setattr(tool, "evaluate", off_by_one)
+    monkeypatch.setattr(reference, "evaluate", off_by_one)
     assert tool.main(["--seeds", "0", "1", "--kinds", "fp32", "--modes", "plain", "api"]) == 1
     out = capsys.readouterr().out
     assert "FAIL fp32 seed 0 mode plain: AssertionError" in out

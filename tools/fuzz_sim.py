@@ -34,22 +34,13 @@ import megak  # noqa: E402
 from megak.dtypes import numpy_dtype  # noqa: E402
 from tests.random_dags import (random_bf16_graph, random_fused_graph, random_graph,  # noqa: E402
                                random_stream_graph)
-from tests.reference import assert_close, evaluate, random_inputs  # noqa: E402
+from tests.reference import check_outputs, random_inputs  # noqa: E402
 
 KINDS = {"fp32": random_graph, "bf16": random_bf16_graph, "fused": random_fused_graph,
          "stream": random_stream_graph}
 MODES = ("plain", "pages", "api", "resident")
 SM_COUNTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 33, 132)
 LAUNCHES = 3
-
-
-def check_outputs(graph, inputs: dict, out: dict, what: str) -> None:
-    env = evaluate(graph, inputs)
-    if set(out) != set(graph.outputs):
-        raise AssertionError(f"{what}: outputs {sorted(out)}, expected {sorted(graph.outputs)}")
-    for name, t in graph.outputs.items():
-        value, bound = env[t.index]
-        assert_close(np.asarray(out[name]), value, bound, f"{what} output {name!r}", t.dtype)
 
 
 def strided(a: np.ndarray, rng) -> np.ndarray:
