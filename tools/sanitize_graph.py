@@ -22,7 +22,8 @@ ring_graph, on 2 SMs: the weight ring, two streamed GEMMs in a chain whose first
 instruction of 12 stages per SM (the compute warps take them in turn, and the 10-page ring
 wraps within the instruction), then one more of the first's weights (20 rows: two readers
 per stage, two parts combined) and one of its own (8 rows in narrow bands: a stage of two
-boxes, the last one past K's end), so that stages are read by 2 and 1 warps in every order,
+boxes, the last one past K's end; half-height A chunks, each warp's next one copied ahead),
+so that stages are read by 2 and 1 warps in every order,
 as launches and as resident requests (the ring's barriers set up again per request).
 A fifth, tiles_graph, on 2 SMs: paged transposes (device/ops/transpose.cuh), whole tiles the
 loader copies into pages by tensor copies ahead of their instruction and thread 0 stores by

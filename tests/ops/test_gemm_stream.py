@@ -315,9 +315,13 @@ def test_narrow_rule():
 
 # narrow bands (m, k, n, SMs): 2 bands on 2 SMs, K in whole stages, K ending in its last
 # stage's second box, K ending in its first (the second box not copied, nor read); 16 bands;
-# a band of 4 columns; the W2 layer
+# a band of 4 columns; the W2 layer. Then bands of at most 8 rows (half-height A chunks, the
+# next one ahead): the same K ends, the W2 batch-1 layer, and a K of odd length (A's rows
+# not 16-B aligned: the scalar copy)
 NARROW = [(16, 2560, 64, 2), (16, 2500, 64, 2), (16, 2100, 64, 2), (1, 4096, 512, 16),
-          (5, 2000, 100, 8), (16, 4096, 4096, N_SM)]
+          (5, 2000, 100, 8), (16, 4096, 4096, N_SM),
+          (8, 2560, 64, 2), (8, 2500, 64, 2), (3, 2100, 64, 2), (1, 4096, 4096, N_SM),
+          (7, 1001, 96, 4)]
 
 
 @pytest.mark.parametrize("m,k,n,n_sm", NARROW)
@@ -448,6 +452,29 @@ def test_a_chunk_layout_is_conflict_free_and_one_to_one():
                 # and it is the unit the copy put row r's k-columns 16 ks + 8 (l / 16) .. into
                 unit = 2 * ks + (lanes >> 4)
                 assert (addr == r * pitch + 16 * (unit ^ (r % 8))).all() and (unit < units).all()
+
+
+def test_rows8_half_chunks_are_filled_once_and_read_conflict_free():
+    # a narrow band of at most 8 rows (mk_stream_kloop_ring_rows8): each 2 KiB half of a
+    # warp's buffer is 8 rows of 16 units (pitch 256 B, unit u of row r at 16 (u ^ r)); a
+    # stage copies rows < m (mk_stream_chunk_a8), the loop zeroed rows m..7 once: together
+    # every 16 B of the half exactly once. The ldmatrix.x2 of k16 step ks (lane l < 16: row
+    # l % 8, unit 2 ks + (l / 8) % 2) reads 8 bank groups per phase, rows 0-7 at the k-columns
+    # 16 ks + 8 ((l / 8) % 2) the copy put there
+    for m in range(1, 9):
+        copied = [(i >> 4, i & 15) for i in range(16 * m)]
+        zeroed = [(r, u) for i in range(2 * 8 * 16) for r, u, half in [((i // 16) % 8, i % 16,
+                                                                       i // 128)]
+                  if r >= m and half == 0]
+        addr = sorted(256 * r + 16 * (u ^ r) for r, u in copied + zeroed)
+        assert addr == list(range(0, 2048, 16)), m
+    lanes = np.arange(16)
+    for ks in range(BOX_ROWS // 16):
+        r, unit = lanes % 8, 2 * ks + (lanes // 8) % 2
+        addr = 256 * r + 16 * (unit ^ r)
+        for ph in range(2):
+            assert len(_phase_groups(addr[8 * ph:8 * ph + 8])) == 8
+        assert (unit < 16).all()
 
 
 def test_narrow_box_swizzle_and_fragments():

@@ -89,6 +89,13 @@ __device__ __forceinline__ void mk_ldmatrix_x4(mk_u32* r, mk_u32 addr)
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
 }
 
+/* Two 8x8 matrices: lanes 0-7 give the first's row addresses, lanes 8-15 the second's. */
+__device__ __forceinline__ void mk_ldmatrix_x2(mk_u32* r0, mk_u32* r1, mk_u32 addr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                 : "=r"(*r0), "=r"(*r1) : "r"(addr) : "memory");
+}
+
 __device__ __forceinline__ void mk_ldmatrix_x4_trans(mk_u32* r, mk_u32 addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"

@@ -25,7 +25,8 @@
  * are read at once and one warp's waits overlap the others' MMAs; with two (rows <= 32 =
  * MK_STREAM_TILE_M; a GEMM of up to 64 rows has two row bands, each streaming B) warps w and
  * w + 4 share stages s = w, w + 4, ..., each half of the page's k-rows for both tiles, 4
- * stages at once. Without the ring (the compute warps copy
+ * stages at once. A narrow band of at most 8 rows (batch 1-8) copies half-height A chunks,
+ * two per warp buffer, the next stage's ahead (mk_stream_kloop_ring_rows8). Without the ring (the compute warps copy
  * each box into page 2 themselves, with block barriers) warp w takes k16 step w of every
  * stage. A narrow band's stage is read by warps w and w + 4, one box each (its 4 n8 tiles);
  * without the ring it is copied and multiplied as a 64-column box, the 32 columns past the
@@ -339,21 +340,43 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
     }
 }
 
+/* mk_stream_chunk_a for a narrow band of at most 8 rows (mk_stream_kloop_ring_rows8): rows
+ * [0, rows) of k [kk, kk + 128) into the 2 KiB half-chunk at buf (8 rows of 256 B, the same
+ * swizzle); the rows past `rows` are left as they are (zeros, stored once by the loop). */
+__device__ __forceinline__ void mk_stream_chunk_a8(mk_u32 buf, const mk_u16* ga, mk_u32 lda,
+                                                   int rows, int klen, int kk, bool vec)
+{
+    const int lane = (int)(threadIdx.x & 31u);
+#pragma unroll 1
+    for (int i = lane; i < 16 * rows; i += 32) {
+        const int r = i >> 4, u = i & 15;
+        mk_stream_a_unit(mk_stream_chunk_at(buf, r, u, 256), ga, lda, r, kk + 8 * u, rows, klen,
+                         vec);
+    }
+}
+
 /* One k16 step of this warp for MTS m16 tiles (MTS is a template argument: with the tile
  * count known, the step is straight-line code, and ptxas issues the next step's ldmatrix
  * under this step's MMAs; with a run-time count it branched around every MMA pair and paid
  * each ldmatrix's latency in series, ~1.6 us per 64-MMA stage on the H200). A fragments of
  * tile mt from a_at[mt]; B's 8 n8 tiles from the box page st, this lane's ldmatrix row b_row
  * (the page's k-row, in the TMA's 128-B swizzle). */
-template <int MTS, bool NARROW = false>
+template <int MTS, bool NARROW = false, bool ROWS8 = false>
 __device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u32 (&a_at)[MTS],
                                               mk_u32 st, mk_u32 b_row, int lane)
 {
+    static_assert(!ROWS8 || MTS == 1, "eight rows are one m16 tile's upper half");
     constexpr int NB = NARROW ? 2 : 4;        /* x4 loads of B: 16 columns each */
     mk_u32 a[MTS][4], b[NB][4];
 #pragma unroll
-    for (int mt = 0; mt < MTS; ++mt)
-        mk_ldmatrix_x4(a[mt], a_at[mt]);
+    for (int mt = 0; mt < MTS; ++mt) {
+        if (ROWS8) {   /* the tile's rows 8-15 are past the band's rows: zero fragments */
+            mk_ldmatrix_x2(&a[mt][0], &a[mt][2], a_at[mt]);
+            a[mt][1] = a[mt][3] = 0u;
+        } else {
+            mk_ldmatrix_x4(a[mt], a_at[mt]);
+        }
+    }
 #pragma unroll
     for (int j = 0; j < NB; ++j) {
         const mk_u32 chunk = 2u * j + ((mk_u32)lane >> 4);
@@ -458,6 +481,85 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
         if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */
             mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / READ));
     }
+}
+
+/* The ring's k loop for a narrow band of at most 8 rows (a decode step's batch): as
+ * mk_stream_kloop_ring<1, true>, but each warp's chunk of a stage is only 8 rows (2 KiB), so
+ * its 4 KiB buffer holds two and the warp requests its next stage's chunk while it waits for
+ * this stage's page: an L2 read beside the weight stream takes ~2.6-3 us
+ * (tools/probe_a_chunks.py), more than a warp's turn, and with one chunk per warp it was paid
+ * in every stage. Rows [rows, 8) of both halves are zeroed once per instruction, so a stage
+ * copies only the rows there are (16 units at batch 1, not 256); the MMA's rows 8-15 are
+ * zero fragments (mk_stream_k16<.., ROWS8>).
+ *
+ * Ordering, beyond mk_stream_kloop_ring's: the chunk of the warp's turn t (stage s = s0 +
+ * t step) goes to half t % 2. Turn t + 1's copy is issued into the half that turn t - 1 read,
+ * after a __syncwarp that follows turn t - 1's MMAs (so after their ldmatrix reads
+ * returned), and is its own cp.async group; cp.async.wait_group 1 at turn t then waits for
+ * turn t's group and everything before it. The zero rows are generic stores of this warp,
+ * ordered before its ldmatrix by the __syncwarp after the first wait. Nothing is in flight
+ * into pages 0-1 when the loop ends (wait_all), as the reduce's use of the pages needs. */
+__device__ __forceinline__ void mk_stream_kloop_ring_rows8(const mk_instr& in, const mk_tensor* op,
+                                                           const mk_pages& pages,
+                                                           float (&acc)[2][8][4])
+{
+    constexpr int STAGE_K = 2 * MK_STREAM_BOX_ROWS, kc = MK_STREAM_BOX_ROWS, units = kc / 8;
+    constexpr int step = MK_STREAM_WARPS / 2;  /* two readers per stage, a box each */
+    constexpr mk_u32 HALF = MK_STREAM_A_CHUNK / 2;
+    mk_control& ctl = mk_ctl();
+    const mk_tensor& TA = op[MK_ARG_A];
+    const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
+    const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
+    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+    const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
+    const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
+    const int a_r = lane & 7, a_c = (lane >> 3) & 1;   /* an x2: rows l % 8, unit (l / 8) % 2 */
+    const mk_u32 b_lane = (lane & 7u) + ((lane >> 3) & 1u) * 8u;
+    const int kb = kc * (warp / step);        /* the warp's box: the stage's first or second */
+    const mk_u32 box_at = (mk_u32)(warp / step) * (MK_PAGE_BYTES / 2);
+    const int s0 = warp % step;
+    /* a stage's second box past the k range was not copied: nothing to read */
+    auto live = [&](int s) { return box_at == 0u || mk_stream_second_box(in, (mk_u32)s); };
+#pragma unroll 1
+    for (int i = lane; i < 2 * 8 * units; i += 32) {
+        const int r = (i / units) % 8;
+        if (r >= in.rows)
+            asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};"
+                         : : "r"(mk_stream_chunk_at(buf + (mk_u32)(i / (8 * units)) * HALF, r,
+                                                    i % units, 2 * kc)), "r"(0u) : "memory");
+    }
+    if (s0 < nst && live(s0))
+        mk_stream_chunk_a8(buf, ga, TA.ld, in.rows, in.klen, STAGE_K * s0 + kb, a_vec);
+    mk_cp_async_commit();
+#pragma unroll 1
+    for (int s = s0; s < nst; s += step) {
+        const mk_u32 pos = pages.stream_pos + (mk_u32)s;
+        const mk_u32 R = ctl.params.stream_pages;
+        const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
+        const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES + box_at;
+        const int turn = s / step;            /* s0 < step */
+        __syncwarp();                         /* every lane's reads of the other half are done */
+        if (s + step < nst && live(s + step))
+            mk_stream_chunk_a8(buf + (mk_u32)((turn + 1) & 1) * HALF, ga, TA.ld, in.rows,
+                               in.klen, STAGE_K * (s + step) + kb, a_vec);
+        mk_cp_async_commit();
+        const bool landed = __all_sync(~0u, mk_stream_wait_full(ctl, slot, pos, parity));
+        mk_cp_async_wait_group<1>();          /* this turn's chunk; the next one may fly */
+        __syncwarp();                         /* every lane's copies of it visible to the warp */
+        if (landed && live(s)) {                  /* uniform: past the deadline, no MMAs */
+            const mk_u32 chunk = buf + (mk_u32)(turn & 1) * HALF;
+#pragma unroll
+            for (int ks = 0; ks < kc / 16; ++ks) {
+                const mk_u32 a_at[1] = {mk_stream_chunk_at(chunk, a_r, 2 * ks + a_c, 2 * kc)};
+                mk_stream_k16<1, true, true>(acc, a_at, st, (mk_u32)(16 * ks) + b_lane, lane);
+            }
+        }
+        __syncwarp();
+        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */
+            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / 2));
+    }
+    mk_cp_async_wait_all();
 }
 
 /* cp.async groups still in flight once stage s's has landed: D - 1 (immediates only). */
@@ -737,7 +839,9 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
                 acc[mt][n][e] = 0.f;
     const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
     if (pages.stream_stages > 0) {
-        if (mk_stream_narrow(in))             /* checked: rows <= 16 */
+        if (mk_stream_narrow(in) && in.rows <= 8)
+            mk_stream_kloop_ring_rows8(in, op, pages, acc);
+        else if (mk_stream_narrow(in))        /* checked: rows <= 16 */
             mk_stream_kloop_ring<1, true>(in, op, pages, acc);
         else if (two)
             mk_stream_kloop_ring<2>(in, op, pages, acc);
