@@ -427,6 +427,25 @@ def hold_prefetch(a, b):
              f"                    pf_end = pos + {b};\n                }}\n" + _STREAMER_HOLD)]
 
 
+# The same L2 prefetches issued once the hold has been lowered (after the signal's release
+# fence, which then has none to wait for): positions [pos + a, pos + b) past what the
+# refilled ring takes, so that HBM works through the layer boundary's hop and the next k
+# loop's late copies read L2. Whether the next instruction's acquire (the loader's
+# dependency wait) waits for them as the release fence did is what it shows. Results as
+# built.
+def post_hold_prefetch(a, b):
+    return [(_STREAMER_DEF, _PREFETCH_FN + _STREAMER_DEF),
+            ("        mk_u32 pos = 0;\n        bool go = true;\n",
+             "        mk_u32 pos = 0, pf_end = 0;\n        bool go = true;\n"),
+            (_STREAMER_HOLD,
+             "                const bool mkv_held = atomicOr(&ctl.stream_hold, 0u) != 0u;\n"
+             + _STREAMER_HOLD +
+             f"                if (mkv_held && pf_end < pos + {b}) {{\n"
+             f"                    const mk_u32 from = pos + {a};\n"
+             f"                    mkv_prefetch(queue, n, p, tmaps, q, s, pos, from > pf_end ? from : pf_end, pos + {b});\n"
+             f"                    pf_end = pos + {b};\n                }}\n")]
+
+
 # The hold as a cap instead of a stop: while it is raised, the streamer issues stage pos
 # once pos - h has landed (at most h copies in flight), so HBM keeps ~h pages per SM coming
 # through the tail (2 pages in flight per SM: ~4 TB/s, tools/probe_bulk_copy.py) while the
@@ -638,6 +657,8 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "relaxedpub": _RELAXED_PUBLISH, "lean-relaxedpub": _LEAN + _RELAXED_PUBLISH,
             "hpf8": hold_prefetch("0u", "8u"), "hpf14": hold_prefetch("0u", "14u"),
             "hpfr6": hold_prefetch("R", "R + 6u"),
+            "postpf6": post_hold_prefetch("R", "R + 6u"),
+            "postpf10": post_hold_prefetch("R", "R + 10u"),
             "holdcap1": hold_cap(1), "holdcap2": hold_cap(2), "holdcap3": hold_cap(3),
             "l2pf0": l2_prefetch(0), "l2pf6": l2_prefetch(6),
             "l2pf0L": l2_prefetch(0, "::evict_last")}
