@@ -323,6 +323,24 @@ __device__ __forceinline__ mk_u32 mk_stream_chunk_at(mk_u32 buf, int r, int u, i
     return buf + (mk_u32)(r * pitch) + ((mk_u32)(u ^ (r & 7)) << 4);
 }
 
+/* A's element (row0, k0) of record `in`, and whether its rows take 16-B copies (both the
+ * tensor's base and row pitch, and the k offset, 16-B aligned): every k loop's A copy. */
+__device__ __forceinline__ const mk_u16* mk_stream_a_origin(const mk_instr& in, const mk_tensor& TA)
+{
+    return reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
+}
+
+__device__ __forceinline__ bool mk_stream_a_vec(const mk_instr& in, const mk_tensor& TA)
+{
+    return ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+}
+
+/* Ring mode: warp w's A buffer, 4 KiB of pages 0-1 (above). */
+__device__ __forceinline__ mk_u32 mk_stream_a_buffer(const mk_pages& pages, int warp)
+{
+    return mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
+}
+
 /* This warp's A chunk: rows [0, 16 mts), k [kk, kk + kc) relative to the tile origin ga, into
  * buf (zeros past rows and klen). vec: cp.async (the caller commits), else synchronous scalar
  * loads. 256 units of 16 B: 8 per lane. */
@@ -435,10 +453,10 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
-    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+    const mk_u16* ga = mk_stream_a_origin(in, TA);
+    const bool a_vec = mk_stream_a_vec(in, TA);
     constexpr int kc = STAGE_K / READ, pitch = 2 * kc;
-    const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
+    const mk_u32 buf = mk_stream_a_buffer(pages, warp);
     const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
     /* ldmatrix rows of this lane: A rows l % 16, unit l / 16 of the k16 step; B k-rows */
     const int a_r = lane & 15, a_c = lane >> 4;
@@ -510,9 +528,9 @@ __device__ __forceinline__ void mk_stream_kloop_ring_rows8(const mk_instr& in, c
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
-    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
-    const mk_u32 buf = mk_smem_addr(pages[warp >> 2]) + (mk_u32)(warp & 3) * MK_STREAM_A_CHUNK;
+    const mk_u16* ga = mk_stream_a_origin(in, TA);
+    const bool a_vec = mk_stream_a_vec(in, TA);
+    const mk_u32 buf = mk_stream_a_buffer(pages, warp);
     const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
     const int a_r = lane & 7, a_c = (lane >> 3) & 1;   /* an x2: rows l % 8, unit (l / 8) % 2 */
     const mk_u32 b_lane = (lane & 7u) + ((lane >> 3) & 1u) * 8u;
@@ -587,8 +605,8 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + MK_STREAM_BOX_ROWS - 1) / MK_STREAM_BOX_ROWS;
     const int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    const mk_u16* ga = reinterpret_cast<const mk_u16*>(TA.ptr) + (mk_u64)in.row0 * TA.ld + in.k0;
-    const bool a_vec = ((TA.ptr & 15u) == 0) && ((TA.ld & 7u) == 0) && ((in.k0 & 7) == 0);
+    const mk_u16* ga = mk_stream_a_origin(in, TA);
+    const bool a_vec = mk_stream_a_vec(in, TA);
     const mk_u32 b_row = 16u * warp + (lane & 7u) + ((lane >> 3) & 1u) * 8u;
     const mk_u32 st = mk_smem_addr(pages[2]);
     /* stage t's slot of this warp */
