@@ -51,8 +51,8 @@ copies in flight capped (`lean-cap6`, `lean-cap8`) or paced (`lean-pace`; `pace`
 ring_issued without its release (timing only: the lane's per-copy path without its
 MEMBAR.ALL.CTA). Around the tail (correct results unless said): `hpfN` / `hpfr6`, TMA
 prefetches into L2 at the hold, `postpfN` the same once the hold is lowered; `holdcapN`,
-the hold as a cap of N copies in flight; `l2pf0`, `l2pf6`, `l2pf0L`, LSU prefetches of the next record's stages by warp 9; `noepi`, no
-epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
+the hold as a cap of N copies in flight; `l2pf0`, `l2pf6`, `l2pf0L`, LSU prefetches of the
+next record's stages by warp 9; `noepi`, no epilogue stores (timing only); `epi2`, the epilogue twice (two copies of its code);
 `epiloop`, twice by one loop (the second pass on fetched code); `reduceloop`, the reduce
 twice by one loop; `reducerolled`, its sum over the warps a loop; `reducehalf`, a band of
 at most 32 columns reduced over its columns only; `holdsleep`, the streamer's wait on a raised hold

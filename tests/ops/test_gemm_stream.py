@@ -463,9 +463,11 @@ def test_rows8_half_chunks_are_filled_once_and_read_conflict_free():
     # 16 ks + 8 ((l / 8) % 2) the copy put there
     for m in range(1, 9):
         copied = [(i >> 4, i & 15) for i in range(16 * m)]
-        zeroed = [(r, u) for i in range(2 * 8 * 16) for r, u, half in [((i // 16) % 8, i % 16,
-                                                                       i // 128)]
-                  if r >= m and half == 0]
+        zeroed = []                       # the loop's i over both halves: half 0's share
+        for i in range(2 * 8 * 16):
+            half, r, u = i // 128, (i // 16) % 8, i % 16
+            if r >= m and half == 0:
+                zeroed.append((r, u))
         addr = sorted(256 * r + 16 * (u ^ r) for r, u in copied + zeroed)
         assert addr == list(range(0, 2048, 16)), m
     lanes = np.arange(16)

@@ -26,8 +26,9 @@
  * MK_STREAM_TILE_M; a GEMM of up to 64 rows has two row bands, each streaming B) warps w and
  * w + 4 share stages s = w, w + 4, ..., each half of the page's k-rows for both tiles, 4
  * stages at once. A narrow band of at most 8 rows (batch 1-8) copies half-height A chunks,
- * two per warp buffer, the next stage's ahead (mk_stream_kloop_ring_rows8). Without the ring (the compute warps copy
- * each box into page 2 themselves, with block barriers) warp w takes k16 step w of every
+ * two per warp buffer, the next stage's ahead (mk_stream_kloop_ring_rows8). Without the
+ * ring (the compute warps copy each box into page 2 themselves, with block barriers) warp w
+ * takes k16 step w of every
  * stage. A narrow band's stage is read by warps w and w + 4, one box each (its 4 n8 tiles);
  * without the ring it is copied and multiplied as a 64-column box, the 32 columns past the
  * band never stored. Either way 2 x 8 x 4 fp32 accumulators per thread, summed over the 8
@@ -565,7 +566,7 @@ __device__ __forceinline__ void mk_stream_kloop_ring_rows8(const mk_instr& in, c
         const bool landed = __all_sync(~0u, mk_stream_wait_full(ctl, slot, pos, parity));
         mk_cp_async_wait_group<1>();          /* this turn's chunk; the next one may fly */
         __syncwarp();                         /* every lane's copies of it visible to the warp */
-        if (landed && live(s)) {                  /* uniform: past the deadline, no MMAs */
+        if (landed && live(s)) {              /* uniform: past the deadline, no MMAs */
             const mk_u32 chunk = buf + (mk_u32)(turn & 1) * HALF;
 #pragma unroll
             for (int ks = 0; ks < kc / 16; ++ks) {
