@@ -517,7 +517,10 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
  * returned), and is its own cp.async group; cp.async.wait_group 1 at turn t then waits for
  * turn t's group and everything before it. The zero rows are generic stores of this warp,
  * ordered before its ldmatrix by the __syncwarp after the first wait. Nothing is in flight
- * into pages 0-1 when the loop ends (wait_all), as the reduce's use of the pages needs. */
+ * into pages 0-1 when the loop ends (wait_all), as the reduce's use of the pages needs.
+ * megak/runtime/chunk_model.py states this pipeline (and mk_stream_kloop_copied's) with the
+ * copies landing in any order; its tests catch a wait of 2, a turn without its (empty)
+ * group, and the next chunk into the half being read. */
 __device__ __forceinline__ void mk_stream_kloop_ring_rows8(const mk_instr& in, const mk_tensor* op,
                                                            const mk_pages& pages,
                                                            float (&acc)[2][8][4])
@@ -593,7 +596,7 @@ __device__ __forceinline__ void mk_stream_wait_a(int depth)
 /* The k loop without the ring: nst stages of B, each copied into page 2 by all 256 threads
  * (block barriers around it); warp w takes k16 step w of every stage; A through this warp's
  * ring, D - 1 stages ahead (cp.async groups: one per stage, maybe empty, so waiting until
- * D - 1 are in flight means "stage s landed"). A body per m16 tile count MTS, as the ring's
+ * D - 1 are in flight means "stage s landed"; megak/runtime/chunk_model.py). A body per m16 tile count MTS, as the ring's
  * (mk_gemm_stream is a function of its own: its registers are not the interpreter's). */
 template <int MTS>
 __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const mk_tensor* op,
