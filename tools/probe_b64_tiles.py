@@ -9,9 +9,10 @@ takes each B byte once and its A rows once per split (TMA zero-fills the rows pa
 the cost of a reduce per layer. Which one wins is the question; the lowering's rule is
 replaced for the probe only (gemm.stream_split returning None: not streamed).
 
-Prints per lowering: the chain's median (CUDA events, L2 flushed as the report flushes:
-this chain's 268 MB are not), the instructions per layer by opcode, and the result's
-max |err| / bound against float64 layer by layer.
+Prints per lowering: the chain's median (CUDA events; the report flushes L2 only for working
+sets up to 256 MiB, and this chain's 268 MB are not flushed there either), the instructions
+per layer by opcode, and the result's max |err| / bound against float64 layer by layer (the
+report's W2 workload and check).
 
     python tools/probe_b64_tiles.py [--reps 50] [--batch 64]
 """
@@ -21,40 +22,10 @@ from collections import Counter
 import numpy as np
 
 import megak
+from benchmarks.workloads import w2
 from megak import abi
-from megak.dtypes import numpy_dtype
 from megak.ops import gemm
 from megak.runtime.bench import Bench
-
-def chain(hidden: int, layers: int, batch: int) -> megak.Graph:
-    g = megak.Graph()
-    x = g.input("x", (batch, hidden), "bfloat16")
-    for i in range(layers):
-        x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), "bfloat16"))
-        g.output(x, f"h{i}")
-    return g
-
-
-def inputs_for(hidden: int, layers: int, batch: int, rng) -> dict:
-    bf16 = numpy_dtype("bfloat16")
-    scale = np.float32(np.sqrt(3.0 / hidden))
-    out = {"x": rng.uniform(-1, 1, (batch, hidden)).astype(np.float32).astype(bf16)}
-    for i in range(layers):
-        out[f"w{i}"] = (rng.uniform(-1, 1, (hidden, hidden)).astype(np.float32)
-                        * scale).astype(bf16)
-    return out
-
-
-def worst_ratio(g, inputs: dict, got: dict) -> float:
-    """max |err| / bound over every layer, each against float64 on its computed input."""
-    from tests.reference import evaluate
-    worst = 0.0
-    ref = evaluate(g, inputs)
-    for name, out in g.outputs.items():
-        value, bound = ref[out.index]
-        err = np.abs(np.asarray(got[name], dtype=np.float64) - value)
-        worst = max(worst, float((err / np.maximum(bound, 1e-30)).max()))
-    return worst
 
 
 def main():
@@ -65,9 +36,10 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    g = chain(args.hidden, args.layers, args.batch)
-    inputs = inputs_for(args.hidden, args.layers, args.batch, rng)
-    wbytes = args.layers * args.hidden * args.hidden * 2
+    work = w2(args.hidden, args.layers, args.batch, "bfloat16")   # the report's W2 chain
+    g = work.build()
+    inputs = work.make_inputs(rng)
+    ref = work.reference(inputs, rng)
     rule = gemm.stream_split
     for name, split in (("stream (the rule)", rule), ("tiled (wgmma, split K)",
                                                        lambda *a, **k: None)):
@@ -78,14 +50,13 @@ def main():
             gemm.stream_split = rule
         ops = Counter(abi.OPCODE_NAMES[int(op)] for op in prog.plan.instrs["opcode"])
         per_layer = {k: v / args.layers for k, v in sorted(ops.items())}
-        got = prog.run(**inputs)
-        ratio = worst_ratio(g, inputs, got)
+        ratio = work.check(ref, prog.run(**inputs), name)   # raises past a layer's bound
         b = Bench(prog)
         b.upload(**inputs)
         t = float(np.median(b.time_megakernel(reps=args.reps)))
         b.close()
         print(f"{args.hidden}x{args.layers} batch {args.batch}, {name}: {t:7.1f} us "
-              f"({wbytes / t / 1e6:4.2f} TB/s of weights); instructions per layer "
+              f"({work.weight_bytes / t / 1e6:4.2f} TB/s of weights); instructions per layer "
               f"{per_layer}; max |err|/bound {ratio:.3f}", flush=True)
         prog.close()
 
