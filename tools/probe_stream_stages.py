@@ -416,10 +416,14 @@ __device__ __noinline__ void mkv_prefetch(const mk_instr* queue, mk_u32 n, const
 _STREAMER_DEF = "__device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32 lane)\n"
 
 
+# the prefetch function and the streamer's record of how far it has prefetched (pf_end)
+_PREFETCH_SETUP = [(_STREAMER_DEF, _PREFETCH_FN + _STREAMER_DEF),
+                   ("        mk_u32 pos = 0;\n        bool go = true;\n",
+                    "        mk_u32 pos = 0, pf_end = 0;\n        bool go = true;\n")]
+
+
 def hold_prefetch(a, b):
-    return [(_STREAMER_DEF, _PREFETCH_FN + _STREAMER_DEF),
-            ("        mk_u32 pos = 0;\n        bool go = true;\n",
-             "        mk_u32 pos = 0, pf_end = 0;\n        bool go = true;\n"),
+    return _PREFETCH_SETUP + [
             (_STREAMER_HOLD,
              f"                if (pf_end < pos + {b} && atomicOr(&ctl.stream_hold, 0u) != 0u) {{\n"
              f"                    const mk_u32 from = pos + {a};\n"
@@ -434,9 +438,7 @@ def hold_prefetch(a, b):
 # 112.8 / 131.7 us against 88.6, 8192 x 8 298 / 310 against 273: the next instruction's
 # acquire (the loader's dependency wait) waits for them as the release fence did.
 def post_hold_prefetch(a, b):
-    return [(_STREAMER_DEF, _PREFETCH_FN + _STREAMER_DEF),
-            ("        mk_u32 pos = 0;\n        bool go = true;\n",
-             "        mk_u32 pos = 0, pf_end = 0;\n        bool go = true;\n"),
+    return _PREFETCH_SETUP + [
             (_STREAMER_HOLD,
              "                const bool mkv_held = atomicOr(&ctl.stream_hold, 0u) != 0u;\n"
              + _STREAMER_HOLD +

@@ -365,12 +365,14 @@ __device__ __forceinline__ void mk_stream_chunk_a(mk_u32 buf, const mk_u16* ga, 
 __device__ __forceinline__ void mk_stream_chunk_a8(mk_u32 buf, const mk_u16* ga, mk_u32 lda,
                                                    int rows, int klen, int kk, bool vec)
 {
+    constexpr int pitch = 2 * MK_STREAM_BOX_ROWS;
+    static_assert(MK_STREAM_BOX_ROWS / 8 == 16, "16 units of 16 B per row of a chunk");
     const int lane = (int)(threadIdx.x & 31u);
 #pragma unroll 1
     for (int i = lane; i < 16 * rows; i += 32) {
         const int r = i >> 4, u = i & 15;
-        mk_stream_a_unit(mk_stream_chunk_at(buf, r, u, 256), ga, lda, r, kk + 8 * u, rows, klen,
-                         vec);
+        mk_stream_a_unit(mk_stream_chunk_at(buf, r, u, pitch), ga, lda, r, kk + 8 * u, rows,
+                         klen, vec);
     }
 }
 
