@@ -270,7 +270,7 @@ _GEMM_STREAM = (Path(__file__).resolve().parents[1] / "megak" / "device" / "ops"
                 "gemm_stream.cuh").read_text()
 _COMBINE_AS_BUILT = _GEMM_STREAM[
     _GEMM_STREAM.index("__device__ __forceinline__ bool mk_stream_combine("):
-    _GEMM_STREAM.index("/* All 256 compute threads. */")]
+    _GEMM_STREAM.index("/* What the dispatch (ops/gemm.cuh) knows of a record's form")]
 _COMBINE_FLAGGED = """__device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_tensor* op,
                                                   const mk_pages& pages)
 {
@@ -333,7 +333,7 @@ _NO_HOLD = [(_STREAMER_HOLD, "")]
 # Only a narrow band holds the streamer through its tail, as before the wide bands held it
 # too (for those, batch 17-64, 8192 x 8, 1024 x 16: whether the fence's saving still
 # outweighs the copies held back). Results as built.
-_HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);",
+_HOLD_NARROW = [("mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);",
                  "mk_stream_reduce(pages, acc, in.rows,\n"
                  "                     pages.stream_stages > 0 && mk_stream_narrow(in), direct, sums);")]
 
@@ -565,10 +565,10 @@ _EPI_TWICE = [_epilogue_twice(c) for c in _EPILOGUE_CALLS]
 # The reduce run twice by one loop (same sums, the hold raised twice): mark 19 is then the
 # second pass's first barrier, so reduce:warps is the first pass and reduce:sum the second's
 # work, on code the first pass fetched.
-_REDUCE_LOOP = [("        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n",
+_REDUCE_LOOP = [("        mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);\n",
                  "    {\n#pragma unroll 1\n"
                  "    for (int mkp_pass = 0; mkp_pass < 2; ++mkp_pass)\n"
-                 "        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);\n"
+                 "        mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);\n"
                  "    }\n"),
                 ("        mk_stream_reduce_narrow(pages, acc, true, sums);\n",
                  "    {\n#pragma unroll 1\n"
@@ -587,7 +587,7 @@ _REDUCE_ROLLED = [("#pragma unroll\n                for (int w = 0; w < MK_STREA
 _REDUCE_HALF = [
     ("bool direct,\n                                                 float2 (&sums)[2][2])\n",
      "bool direct,\n                                                 float2 (&sums)[2][2], int cols = 64)\n"),
-    ("mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);",
+    ("mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);",
      "mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums, in.cols);"),
     ("        for (int n8 = 0; n8 < 8; ++n8)\n#pragma unroll\n            for (int h = 0; h < 2; ++h) {\n",
      "        for (int n8 = 0; n8 < 8; ++n8) {\n            if (8 * n8 >= cols)\n                break;\n"
@@ -669,12 +669,11 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
-    const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+    if (MK_NARROW_REDUCE && ring && narrow && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
-        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+        mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);
     pages.release(1, 3);
     if (direct)
         mk_stream_store_direct(in, op, sums);
@@ -685,12 +684,11 @@ _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
 _RUN_TAIL_MARKED = """    const bool mkp_on = pages.stream_stages > 0 && threadIdx.x == 0;
     if (mkp_on) MKP(pages.stream_pos, 5);
     mk_trace_mark(MK_T_COMPUTED);
-    const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+    if (MK_NARROW_REDUCE && ring && narrow && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
-        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+        mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);
     if (mkp_on) MKP(pages.stream_pos, 6);
     pages.release(1, 3);
     const bool mkp_last = direct || mk_stream_combine(in, op, pages);

@@ -277,14 +277,16 @@ __device__ __noinline__ void mk_gemm_wgmma(const mk_instr& in, const mk_tensor* 
 
 /* Its own function, like the other GEMM bodies, with their parameter list (another list cost
  * the separate-launch entry a stack frame): `stream` is the first stage position, with bit 31
- * set when the streamer delivers the stages (mk_pages.stream_stages > 0). */
+ * set when the streamer delivers the stages (mk_pages.stream_stages > 0). One function per
+ * form the dispatch tells apart (gemm_stream.cuh, mk_stream_form: why). */
+template <int FORM>
 __device__ __noinline__ void mk_gemm_stream(const mk_instr& in, const mk_tensor* op,
                                             unsigned char* page_base, const mk_u8* page_idx,
                                             mk_u32 stream, mk_u32* released)
 {
     const mk_pages pages = {page_base, page_idx, 0u, released, &mk_ctl().free_pages,
                             stream & 0x7fffffffu, stream >> 31};
-    mk_gemm_stream_run(in, op, pages);
+    mk_gemm_stream_run<FORM>(in, op, pages);
 }
 
 __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor* op,
@@ -300,10 +302,23 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
 #endif
     }
     else if (in.flags & MK_FLAG_STREAM) {
-        if (MK_BUILT(MK_BODY_GEMM_STREAM))
-            mk_gemm_stream(in, op, pages.base, pages.idx,
-                           pages.stream_pos | (pages.stream_stages > 0 ? 0x80000000u : 0u),
-                           pages.released);
+        if (MK_BUILT(MK_BODY_GEMM_STREAM)) {
+            const bool ring = pages.stream_stages > 0;
+            const mk_u32 stream = pages.stream_pos | (ring ? 0x80000000u : 0u);
+            const mk_stream_form form = mk_gemm_stream_form(in, ring);
+            if (form == MK_STREAM_NARROW)
+                mk_gemm_stream<MK_STREAM_NARROW>(in, op, pages.base, pages.idx, stream,
+                                                 pages.released);
+            else if (form == MK_STREAM_ROWS8)
+                mk_gemm_stream<MK_STREAM_ROWS8>(in, op, pages.base, pages.idx, stream,
+                                                pages.released);
+            else if (form == MK_STREAM_DIRECT)
+                mk_gemm_stream<MK_STREAM_DIRECT>(in, op, pages.base, pages.idx, stream,
+                                                 pages.released);
+            else
+                mk_gemm_stream<MK_STREAM_ANY>(in, op, pages.base, pages.idx, stream,
+                                              pages.released);
+        }
     }
     else if (!MK_BUILT(MK_BODY_GEMM_TILED))
         return;

@@ -849,10 +849,40 @@ __device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_t
     return true;
 }
 
-/* All 256 compute threads. */
+/* What the dispatch (ops/gemm.cuh) knows of a record's form: each form it tells apart runs in
+ * a function of its own, the body below with that form's facts constant, so its code holds
+ * that form's k loop, reduce and store only. Why: a tail's code (the reduce, the store, the
+ * signal's path) is fetched again at every instruction (an SM keeps 96-128 KiB of code), and
+ * one body of every form made each tail fetch past the others': with the other forms cut
+ * out, the W2-1024x16 chain ran 75.4 -> 72.5 us on the H200 (benchmarks/ANALYSIS.md). */
+enum mk_stream_form {
+    MK_STREAM_ANY = 0,      /* any record: without the ring, or parts that combine */
+    MK_STREAM_NARROW = 1,   /* a narrow band of 9-16 rows read from the ring (one part) */
+    MK_STREAM_ROWS8 = 2,    /* a narrow band of at most 8 rows read from the ring */
+    MK_STREAM_DIRECT = 3    /* a band of 64 columns and one part read from the ring */
+};
+
+__device__ __forceinline__ mk_stream_form mk_gemm_stream_form(const mk_instr& in, bool ring)
+{
+    if (!ring)
+        return MK_STREAM_ANY;
+    if (mk_stream_narrow(in))
+        return in.rows <= 8 ? MK_STREAM_ROWS8 : MK_STREAM_NARROW;
+    return mk_stream_parts(in) <= 1 ? MK_STREAM_DIRECT : MK_STREAM_ANY;
+}
+
+/* All 256 compute threads; FORM: what is known of the record (the facts below are constants
+ * but for MK_STREAM_ANY). */
+template <int FORM>
 __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_tensor* op,
                                                    const mk_pages& pages)
 {
+    const bool any = FORM == MK_STREAM_ANY;
+    const bool ring = !any || pages.stream_stages > 0;
+    const bool narrow = FORM == MK_STREAM_NARROW || FORM == MK_STREAM_ROWS8 ||
+                        (any && mk_stream_narrow(in));
+    const bool rows8 = FORM == MK_STREAM_ROWS8 || (any && in.rows <= 8);
+    const bool direct = !any || mk_stream_parts(in) <= 1;
     float acc[2][8][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -862,10 +892,10 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
             for (int e = 0; e < 4; ++e)
                 acc[mt][n][e] = 0.f;
     const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
-    if (pages.stream_stages > 0) {
-        if (mk_stream_narrow(in) && in.rows <= 8)
+    if (ring) {
+        if (narrow && rows8)
             mk_stream_kloop_ring_rows8(in, op, pages, acc);
-        else if (mk_stream_narrow(in))        /* checked: rows <= 16 */
+        else if (narrow)                      /* checked: rows <= 16 */
             mk_stream_kloop_ring<1, true>(in, op, pages, acc);
         else if (two)
             mk_stream_kloop_ring<2>(in, op, pages, acc);
@@ -880,12 +910,11 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
     mk_trace_mark(MK_T_COMPUTED);
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
-    const bool direct = mk_stream_parts(in) <= 1;
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && pages.stream_stages > 0 && mk_stream_narrow(in) && direct)
+    if (MK_NARROW_REDUCE && ring && narrow && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
-        mk_stream_reduce(pages, acc, in.rows, pages.stream_stages > 0, direct, sums);
+        mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);
     pages.release(1, 3);
     if (direct)
         mk_stream_store_direct(in, op, sums);
