@@ -31,6 +31,8 @@ PROBES = [
     ("probe_module_load.py", "spin"),
     # a transpose through pages a loader warp fills one tile ahead, against registers
     ("probe_paged_transpose.py", "paged_transpose"),
+    # the register copy's cache hints and band interleave, against the device copy
+    ("probe_copy_hints.py", "OK: every entry compiled, 0 spills"),
 ]
 
 

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Probe: the register copy's cache hints and interleave, against cuMemcpyDtoD, on 1 GiB.
+
+W5 (a 1 GiB fp32 copy) runs at ~3,817 GB/s in megak (ops/copy.cuh: ld.global.cg, plain
+st.global, a rolling pipeline of 16 float4 per thread, 1 MiB bands per instruction) where a
+device-to-device cuMemcpy reaches ~4,230 and the target is 4,100. tools/probe_bulk_copy.py
+found no bulk or register pattern above 3,952 (a grid-stride register copy) and +3% from
+interleaving the bands finely. What it did not try, and this probe does: the loads' L2 sector
+prefetch (`.L2::256B`: one request fills both 128-B halves of a 256-B DRAM burst), with
+and without L1 allocation (`.L1::no_allocate`; not `.nc`, whose loads ptxas moves next to
+their stores, since they cannot alias them, leaving a few in flight), streaming stores (`.cs`) and an evict-first policy
+on the stores, each on megak's footprint (one block of 256 threads per SM, 16 float4 per
+thread in flight) and on more (32 per thread), over bands interleaved across the blocks
+(band j -> block j % grid) of 4 KiB to 1 MiB.
+
+Kernel `copy_<ld>_<st>_<u>`: block b takes bands b, b + grid, ...; within a band its 256
+threads copy U float4 each per step (U loads, then U stores), unit i of the band at thread
+i % 256 of step i / (256 U). Every variant: dst poisoned, a warm-up run, dst compared with
+src on the device (every 16-B word), then `--reps` timed runs (CUDA events), GB/s = 2 x
+bytes / median (read + write). L2 is not flushed (1 GiB >> 60 MB).
+
+    python tools/probe_copy_hints.py [--gib 1] [--reps 20] [--out probe_copy_hints.json]
+    python tools/probe_copy_hints.py --compile-only      # no GPU: ptxas registers and spills
+"""
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
+
+from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
+
+LOADS = {"cg": "ld.global.cg.v4.f32",
+         "cg256": "ld.global.cg.L2::256B.v4.f32",
+         "na256": "ld.global.L1::no_allocate.L2::256B.v4.f32"}
+STORES = {"st": "st.global.v4.f32", "cs": "st.global.cs.v4.f32",
+          "ef": "st.global.L2::cache_hint.v4.f32"}
+UNROLLS = (16, 32)
+
+
+def entry(ld: str, st: str, u: int) -> str:
+    return f"copy_{ld}_{st}_{u}"
+
+
+ENTRIES = tuple(entry(ld, st, u) for ld in LOADS for st in STORES for u in UNROLLS) + (
+    "fill", "verify")
+
+_BODY = r"""
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+template <int LD> __device__ __forceinline__ float4 ld4(const float4* p);
+template <int ST> __device__ __forceinline__ void st4(float4* p, float4 v, u64 pol);
+%(loads)s
+%(stores)s
+
+/* band j -> block j %% grid; a band is `band` float4 units, its last one may be short */
+template <int LD, int ST, int U>
+__device__ __forceinline__ void copy_bands(const float4* src, float4* dst, u64 n, u64 band)
+{
+    u64 pol = 0;
+    if (ST == 2)
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %%0, 1.0;" : "=l"(pol));
+    for (u64 b0 = (u64)blockIdx.x * band; b0 < n; b0 += (u64)gridDim.x * band) {
+        const u64 end = b0 + band < n ? b0 + band : n;
+        for (u64 i = b0 + threadIdx.x; i < end; i += U * 256ull) {
+            float4 v[U];
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + 256ull * k;
+                v[k] = j < end ? ld4<LD>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + 256ull * k;
+                if (j < end)
+                    st4<ST>(dst + j, v[k], pol);
+            }
+        }
+    }
+}
+%(entries)s
+
+extern "C" __global__ void fill(u32* p, u64 nwords)
+{
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords;
+         i += (u64)gridDim.x * blockDim.x)
+        p[i] = (u32)i * 2654435761u + 0x9E3779B9u;
+}
+/* res[0] += mismatching 16-B words */
+extern "C" __global__ void verify(const uint4* a, const uint4* b, u64 n16, u64* res)
+{
+    u64 bad = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16;
+         i += (u64)gridDim.x * blockDim.x) {
+        const uint4 x = a[i], y = b[i];
+        bad += (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) ? 1u : 0u;
+    }
+    if (bad)
+        atomicAdd(&res[0], bad);
+}
+"""
+
+
+def source() -> str:
+    loads = "\n".join(
+        f"template <> __device__ __forceinline__ float4 ld4<{i}>(const float4* p)\n"
+        f"{{ float4 v; asm volatile(\"{op} {{%0, %1, %2, %3}}, [%4];\" : \"=f\"(v.x), "
+        f"\"=f\"(v.y), \"=f\"(v.z), \"=f\"(v.w) : \"l\"(p)); return v; }}"
+        for i, op in enumerate(LOADS.values()))
+    stores = []
+    for i, op in enumerate(STORES.values()):
+        hint = ", %5" if "cache_hint" in op else ""
+        stores.append(
+            f"template <> __device__ __forceinline__ void st4<{i}>(float4* p, float4 v, u64 pol)\n"
+            f"{{ asm volatile(\"{op} [%0], {{%1, %2, %3, %4}}{hint};\" : : \"l\"(p), "
+            f"\"f\"(v.x), \"f\"(v.y), \"f\"(v.z), \"f\"(v.w), \"l\"(pol) : \"memory\"); }}")
+    entries = "\n".join(
+        f"extern \"C\" __global__ void __launch_bounds__(256, 1)\n{entry(ld, st, u)}"
+        f"(const float4* s, float4* d, u64 n, u64 band) "
+        f"{{ copy_bands<{li}, {si}, {u}>(s, d, n, band); }}"
+        for li, ld in enumerate(LOADS) for si, st in enumerate(STORES) for u in UNROLLS)
+    return _BODY % {"loads": loads, "stores": "\n".join(stores), "entries": entries}
+
+
+def compile_probe(arch):
+    return compile_source(source(), arch=arch, entry=ENTRIES[0], name="probe_copy_hints.cu")
+
+
+def compile_only(arch):
+    t0 = time.perf_counter()
+    compiled = compile_probe(arch)
+    lines, bad = compile_report(compiled, ENTRIES, time.perf_counter() - t0)
+    print("\n".join(lines))
+    if bad:
+        print("FAIL: " + "; ".join(bad))
+        return 1
+    print("OK: every entry compiled, 0 spills")
+    return 0
+
+
+def run(args):
+    import numpy as np
+    from cuda.core import Device, ObjectCode
+
+    from megak.runtime import memory as mem
+    from megak.runtime.driver import _bindings, check, device_info
+
+    drv = _bindings()
+    dev = Device(0)
+    dev.set_current()
+    info = device_info(0)
+    n_sm = info["sm_count"]
+    compiled = compile_probe(info["arch"])
+    regs = {e: parse_ptxas_log(compiled.log, e) for e in ENTRIES}
+    code = ObjectCode.from_cubin(compiled.cubin)
+    fn = {e: check(drv.cuKernelGetFunction(code.get_kernel(e).handle), "cuKernelGetFunction")
+          for e in ENTRIES}
+    nbytes = int(args.gib * (1 << 30)) // 16 * 16
+    n16 = nbytes // 16
+    m = mem.Memory(0)
+    src, dst = m.device(nbytes, "src"), m.device(nbytes, "dst")
+    res = m.device(16, "verify result")
+    host = m.pinned(16, "readback")
+    stream = dev.create_stream()
+    h = stream.handle
+    keep = []
+
+    def launch(f, grid, block, *vals):
+        argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
+        keep.append((vals, argv))
+        check(drv.cuLaunchKernel(f, grid, 1, 1, block, 1, 1, 0, h, ctypes.addressof(argv), 0),
+              "cuLaunchKernel")
+
+    launch(fn["fill"], 4 * n_sm, 1024, ctypes.c_uint64(src.ptr), ctypes.c_uint64(nbytes // 4))
+    check(drv.cuStreamSynchronize(h), "sync")
+    ev = [(check(drv.cuEventCreate(0), "event"), check(drv.cuEventCreate(0), "event"))
+          for _ in range(args.reps)]
+
+    def measure(name, enqueue):
+        mem.memset32(dst.ptr, 0x7FC0DEAD, nbytes // 4, h)
+        enqueue()
+        mem.memset32(res.ptr, 0, 4, h)
+        launch(fn["verify"], 4 * n_sm, 1024, ctypes.c_uint64(src.ptr), ctypes.c_uint64(dst.ptr),
+               ctypes.c_uint64(n16), ctypes.c_uint64(res.ptr))
+        mem.dtoh(host.ptr, res.ptr, 16, h)
+        check(drv.cuStreamSynchronize(h), "sync")
+        bad = int(host.array(np.uint64, (2,))[0])
+        if bad:
+            raise RuntimeError(f"{name}: dst differs from src in {bad} of {n16} 16-B words")
+        for a, b in ev:
+            check(drv.cuEventRecord(a, h), "cuEventRecord")
+            enqueue()
+            check(drv.cuEventRecord(b, h), "cuEventRecord")
+        check(drv.cuStreamSynchronize(h), "sync")
+        keep.clear()
+        return [check(drv.cuEventElapsedTime(a, b), "cuEventElapsedTime") * 1e3 for a, b in ev]
+
+    rows = []
+
+    def record(name, enqueue, **meta):
+        ts = measure(name, enqueue)
+        med = statistics.median(ts)
+        rows.append(dict(variant=name, **meta, median_us=med, min_us=min(ts),
+                         gbps=2 * nbytes / med / 1e3, times_us=ts))
+        print(f"{name:<36}{med:>10.1f} us{2 * nbytes / med / 1e3:>8.0f} GB/s", flush=True)
+
+    print(f"{info['name']}: {n_sm} SMs; copy of {nbytes / (1 << 30):.3f} GiB; GB/s = 2 x bytes "
+          f"/ median of {args.reps}; registers: " + ", ".join(
+              f"{e} {regs[e]['registers']}" for e in ENTRIES[:-2]) + "; spills " +
+          str(sum(regs[e]["spill_stores"] + regs[e]["spill_loads"] for e in ENTRIES)) + " B",
+          flush=True)
+    record("cuMemcpyDtoDAsync", lambda: check(drv.cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, h),
+                                              "cuMemcpyDtoDAsync"), kind="memcpy")
+    bands = [int(b) for b in args.bands]
+    for band in bands:
+        for u in UNROLLS:
+            for ld in LOADS:
+                for st in STORES:
+                    name = f"{ld}/{st} u{u} band {band >> 10} KiB"
+                    e = entry(ld, st, u)
+                    record(name, lambda e=e, band=band: launch(
+                        fn[e], n_sm, 256, ctypes.c_uint64(src.ptr), ctypes.c_uint64(dst.ptr),
+                        ctypes.c_uint64(n16), ctypes.c_uint64(band // 16)),
+                        kind="reg", load=ld, store=st, unroll=u, band_bytes=band)
+    memcpy = rows[0]["gbps"]
+    best = sorted(rows[1:], key=lambda r: -r["gbps"])[:8]
+    print(f"== fastest (x cuMemcpy {memcpy:.0f}; target 4100)", flush=True)
+    for r in best:
+        print(f"  {r['variant']:<34}{r['gbps']:>6.0f} GB/s {r['gbps'] / memcpy:.3f} x", flush=True)
+    base = {(r["unroll"], r["band_bytes"]): r["gbps"] for r in rows
+            if r.get("load") == "cg" and r.get("store") == "st"}
+    print("hints against cg/st at the same unroll and band: " + "; ".join(
+        f"{r['variant']} {100 * (r['gbps'] / base[(r['unroll'], r['band_bytes'])] - 1):+.1f}%"
+        for r in rows[1:] if (r["load"], r["store"]) != ("cg", "st")), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(
+            {"device": info["name"], "sm_count": n_sm, "nbytes": nbytes, "reps": args.reps,
+             "ptxas": regs, "rows": rows}, indent=1))
+        print(f"wrote {args.out}", flush=True)
+    for a, b in ev:
+        check(drv.cuEventDestroy(a), "cuEventDestroy")
+        check(drv.cuEventDestroy(b), "cuEventDestroy")
+    stream.close()
+    m.close()
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--gib", type=float, default=1.0, help="bytes to copy, in GiB (default 1)")
+    p.add_argument("--reps", type=int, default=20, help="timed runs per variant (default 20)")
+    p.add_argument("--bands", nargs="+", default=["1048576", "65536", "4096"],
+                   help="band sizes in bytes, multiples of 16 (default 1 MiB, 64 KiB, 4 KiB)")
+    p.add_argument("--out", default="probe_copy_hints.json", help="JSON results ('' = none)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile for --arch with NVRTC (no GPU), print ptxas info, exit")
+    p.add_argument("--arch", default="sm_90a", help="arch of --compile-only (default sm_90a)")
+    args = p.parse_args(argv)
+    if args.reps < 1:
+        p.error("--reps must be >= 1")
+    if any(int(b) < 16 or int(b) % 16 for b in args.bands):
+        p.error("--bands: multiples of 16 bytes")
+    if args.compile_only:
+        return compile_only(args.arch)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
