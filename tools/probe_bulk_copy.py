@@ -111,6 +111,37 @@ ERRORS = {1: "bad arguments (slots {}, chunk {})",
 ENTRIES = ("bulk_copy", "bulk_copy_x", "reg_copy_u8", "reg_copy_u16", "reg_share_u8",
            "reg_share_u16", "reg_band", "fill", "verify")
 
+# the source buffer's fill and the copy's check (every 16-B word), for any copy probe (u32, u64
+# typedefs before it)
+DATA_AND_CHECK = r"""
+/* ---- data and check ------------------------------------------------------------------------ */
+/* Word i gets an odd multiple of i: distinct for every i < 2^32, so a chunk copied to the
+ * wrong place is caught, not only a missing one. */
+extern "C" __global__ void fill(u32* p, u64 nwords)
+{
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords;
+         i += (u64)gridDim.x * blockDim.x)
+        p[i] = (u32)i * 2654435761u + 0x9E3779B9u;
+}
+/* res[0] += mismatching 16-B words; res[1] = min index of one (host sets it to ~0). */
+extern "C" __global__ void verify(const uint4* a, const uint4* b, u64 n16, u64* res)
+{
+    u64 bad = 0, first = ~0ull;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16;
+         i += (u64)gridDim.x * blockDim.x) {
+        const uint4 x = a[i], y = b[i];
+        if (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) {
+            ++bad;
+            if (i < first) first = i;
+        }
+    }
+    if (bad) {
+        atomicAdd(&res[0], bad);
+        atomicMin(&res[1], first);
+    }
+}
+"""
+
 SOURCE = r"""
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -509,33 +540,7 @@ reg_band(const float4* src, float4* dst, u64 n16, u64 band16, u32 cont)
     }
 }
 
-/* ---- data and check ------------------------------------------------------------------------ */
-/* Word i gets an odd multiple of i: distinct for every i < 2^32, so a chunk copied to the
- * wrong place is caught, not only a missing one. */
-extern "C" __global__ void fill(u32* p, u64 nwords)
-{
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords;
-         i += (u64)gridDim.x * blockDim.x)
-        p[i] = (u32)i * 2654435761u + 0x9E3779B9u;
-}
-/* res[0] += mismatching 16-B words; res[1] = min index of one (host sets it to ~0). */
-extern "C" __global__ void verify(const uint4* a, const uint4* b, u64 n16, u64* res)
-{
-    u64 bad = 0, first = ~0ull;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16;
-         i += (u64)gridDim.x * blockDim.x) {
-        const uint4 x = a[i], y = b[i];
-        if (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) {
-            ++bad;
-            if (i < first) first = i;
-        }
-    }
-    if (bad) {
-        atomicAdd(&res[0], bad);
-        atomicMin(&res[1], first);
-    }
-}
-"""
+""" + DATA_AND_CHECK
 
 
 def compile_probe(arch):
@@ -547,10 +552,13 @@ def ptxas_summary(compiled):
     return {e: parse_ptxas_log(compiled.log, e) for e in ENTRIES}
 
 
-def compile_only(arch):
+def compile_only(arch, compile_fn=None, entries=ENTRIES):
+    """Compile (this probe's source, or compile_fn(arch)'s) for `arch` with NVRTC and print
+    each entry's ptxas line: 0 when every entry compiled without spills (the copy probes'
+    --compile-only)."""
     t0 = time.perf_counter()
-    compiled = compile_probe(arch)
-    lines, bad = compile_report(compiled, ENTRIES, time.perf_counter() - t0)
+    compiled = (compile_fn or compile_probe)(arch)
+    lines, bad = compile_report(compiled, entries, time.perf_counter() - t0)
     print("\n".join(lines))
     if bad:
         print("FAIL: " + "; ".join(bad))

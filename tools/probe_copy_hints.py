@@ -27,12 +27,12 @@ import ctypes
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
-from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
+from megak.runtime.compiler import compile_source, parse_ptxas_log  # noqa: E402
+from probe_bulk_copy import DATA_AND_CHECK, compile_only  # noqa: E402  (tools/, beside this file)
 
 LOADS = {"cg": "ld.global.cg.v4.f32",
          "cg256": "ld.global.cg.L2::256B.v4.f32",
@@ -85,24 +85,6 @@ __device__ __forceinline__ void copy_bands(const float4* src, float4* dst, u64 n
 }
 %(entries)s
 
-extern "C" __global__ void fill(u32* p, u64 nwords)
-{
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < nwords;
-         i += (u64)gridDim.x * blockDim.x)
-        p[i] = (u32)i * 2654435761u + 0x9E3779B9u;
-}
-/* res[0] += mismatching 16-B words */
-extern "C" __global__ void verify(const uint4* a, const uint4* b, u64 n16, u64* res)
-{
-    u64 bad = 0;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16;
-         i += (u64)gridDim.x * blockDim.x) {
-        const uint4 x = a[i], y = b[i];
-        bad += (x.x != y.x || x.y != y.y || x.z != y.z || x.w != y.w) ? 1u : 0u;
-    }
-    if (bad)
-        atomicAdd(&res[0], bad);
-}
 """
 
 
@@ -124,23 +106,12 @@ def source() -> str:
         f"(const float4* s, float4* d, u64 n, u64 band) "
         f"{{ copy_bands<{li}, {si}, {u}>(s, d, n, band); }}"
         for li, ld in enumerate(LOADS) for si, st in enumerate(STORES) for u in UNROLLS)
-    return _BODY % {"loads": loads, "stores": "\n".join(stores), "entries": entries}
+    return (_BODY % {"loads": loads, "stores": "\n".join(stores), "entries": entries}
+            + DATA_AND_CHECK)
 
 
 def compile_probe(arch):
     return compile_source(source(), arch=arch, entry=ENTRIES[0], name="probe_copy_hints.cu")
-
-
-def compile_only(arch):
-    t0 = time.perf_counter()
-    compiled = compile_probe(arch)
-    lines, bad = compile_report(compiled, ENTRIES, time.perf_counter() - t0)
-    print("\n".join(lines))
-    if bad:
-        print("FAIL: " + "; ".join(bad))
-        return 1
-    print("OK: every entry compiled, 0 spills")
-    return 0
 
 
 def run(args):
@@ -184,7 +155,8 @@ def run(args):
     def measure(name, enqueue):
         mem.memset32(dst.ptr, 0x7FC0DEAD, nbytes // 4, h)
         enqueue()
-        mem.memset32(res.ptr, 0, 4, h)
+        mem.memset32(res.ptr, 0, 2, h)
+        mem.memset32(res.ptr + 8, 0xFFFFFFFF, 2, h)
         launch(fn["verify"], 4 * n_sm, 1024, ctypes.c_uint64(src.ptr), ctypes.c_uint64(dst.ptr),
                ctypes.c_uint64(n16), ctypes.c_uint64(res.ptr))
         mem.dtoh(host.ptr, res.ptr, 16, h)
@@ -266,7 +238,7 @@ def main(argv=None):
     if any(int(b) < 16 or int(b) % 16 for b in args.bands):
         p.error("--bands: multiples of 16 bytes")
     if args.compile_only:
-        return compile_only(args.arch)
+        return compile_only(args.arch, compile_probe, ENTRIES)
     return run(args)
 
 
