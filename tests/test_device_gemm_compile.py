@@ -115,6 +115,22 @@ def test_no_spills_in_any_entry_or_callee(kernel):
             assert stack <= stores, f"{name} has a {stack}-byte stack frame:\n{kernel.log}"
 
 
+def test_each_stream_form_holds_its_own_code(kernel):
+    # the dispatch's forms (gemm_stream.cuh, mk_stream_form) are the one body with each
+    # form's facts constant: a narrow band's, a batch-1-8 band's and a one-part wide band's
+    # function must keep only their k loop, reduce and store (in a W2 build 14, 18 and 27 KiB
+    # of SASS against the any-record form's 103), or a tail fetches the other forms' code again
+    sizes = compiler.code_sizes(kernel.cubin)
+    forms = {}
+    for name, size in sizes.items():
+        m = re.fullmatch(r"\$megakernel\$_Z14mk_gemm_streamILi(\d)E.*", name)
+        if m:
+            forms[int(m.group(1))] = size
+    assert sorted(forms) == list(range(STREAM_FORMS)), sorted(sizes)
+    for form in range(1, STREAM_FORMS):
+        assert forms[form] <= 0.35 * forms[0], (form, forms)
+
+
 def _plain_name(mangled: str) -> str:
     """mk_gemm_bf16 of _Z12mk_gemm_bf16RK8mk_instr... (the length-prefixed first name)."""
     m = re.match(r"_Z(\d+)", mangled)
