@@ -408,7 +408,7 @@ class Gemm(OpDef):
             return (min(r0, c0, int(rec["k0"])) >= 0
                     and 1 <= rn <= (16 if narrow else STREAM_TILE_M)
                     and 1 <= cn <= (NARROW_COLS if narrow else BOX_COLS)
-                    and int(rec["klen"]) >= 1 and part < parts
+                    and int(rec["klen"]) >= 1 and part < parts and (not narrow or parts == 1)
                     and int(rec["pages"]) >= STREAM_PAGES and _epilogue.act_code_ok(rec))
         return (min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]), int(rec["klen"])) >= 0
                 and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))

@@ -324,6 +324,21 @@ NARROW = [(16, 2560, 64, 2), (16, 2500, 64, 2), (16, 2100, 64, 2), (1, 4096, 512
           (7, 1001, 96, 4)]
 
 
+def test_a_narrow_band_of_parts_is_refused(backend, rng):
+    # a narrow band stores its own sums (one part, the lowering's rule): a narrow record that
+    # names parts (edited in) fails its record check on either backend, never runs as one part
+    g = stream_graph(16, 2560, 64)
+    prog = megak.compile(g, backend=backend, n_sm=2)
+    ins = prog.plan.instrs
+    narrow = (ins["flags"] & abi.FLAG_STREAM_NARROW) != 0
+    assert narrow.any() and gemm.OP.check_record(ins[narrow][0])
+    ins["param"][narrow] = (2 << 16) | 0
+    assert not gemm.OP.check_record(ins[narrow][0])
+    prog._executor.reload_queues()
+    with pytest.raises(megak.MegakernelError, match="MK_ERR_BAD_DESCRIPTOR"):
+        prog.run(**random_inputs(g, rng))
+
+
 @pytest.mark.parametrize("m,k,n,n_sm", NARROW)
 def test_stream_narrow_matches_float64(backend, rng, m, k, n, n_sm):
     g = stream_graph(m, k, n)

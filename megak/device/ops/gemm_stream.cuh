@@ -128,6 +128,7 @@ __device__ __forceinline__ bool mk_gemm_stream_check(const mk_instr& in)
            in.cols <= (narrow ? MK_STREAM_NARROW_COLS : MK_STREAM_BOX_COLS) && in.klen >= 1 &&
            in.k0 >= 0 && in.row0 >= 0 &&
            in.col0 >= 0 && parts >= 1 && mk_stream_part(in) < parts &&
+           (!narrow || parts == 1) &&   /* a narrow band stores its sums itself */
            in.pages >= MK_STREAM_PAGES && mk_epilogue_check(in);
 }
 
@@ -857,7 +858,8 @@ __device__ __forceinline__ bool mk_stream_combine(const mk_instr& in, const mk_t
  * out, the W2-1024x16 chain ran 75.4 -> 72.5 us on the H200 (benchmarks/ANALYSIS.md). */
 enum mk_stream_form {
     MK_STREAM_ANY = 0,      /* any record: without the ring, or parts that combine */
-    MK_STREAM_NARROW = 1,   /* a narrow band of 9-16 rows read from the ring (one part) */
+    MK_STREAM_NARROW = 1,   /* a narrow band of 9-16 rows read from the ring (one part:
+                               mk_gemm_stream_check) */
     MK_STREAM_ROWS8 = 2,    /* a narrow band of at most 8 rows read from the ring */
     MK_STREAM_DIRECT = 3    /* a band of 64 columns and one part read from the ring */
 };
