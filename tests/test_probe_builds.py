@@ -33,6 +33,8 @@ PROBES = [
     ("probe_paged_transpose.py", "paged_transpose"),
     # the register copy's cache hints and band interleave, against the device copy
     ("probe_copy_hints.py", "OK: every entry compiled, 0 spills"),
+    # whether multicasting each weight page to a cluster of 2 streams batch 64 faster
+    ("probe_cluster_stream.py", "OK: cluster_stream compiled, 0 spills"),
 ]
 
 

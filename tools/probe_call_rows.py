@@ -11,7 +11,9 @@ calls that took the full path (`Program._describe`: the key missed, or the bindi
 live) during each round: a miss on every call would explain the gap where the key alone
 cannot. `--before NAME ...`: after the first rows, each of these report workloads in turn
 (through the report's own dispatch, its figures not printed), the rows again after each:
-which of what the report runs first moves them.
+which of what the report runs first moves them. Each round also times the call key's torch
+accessors alone (`data_ptr()`, `shape`, `stride()` of a (1, 32) GPU tensor, median of 2,000),
+and counts the garbage collector's passes during the rows and the objects it tracks.
 
     python tools/probe_call_rows.py [--workloads W7-call-copy] [--rounds 2] [--quick]
                                     [--before W6-lower-100k W3-4096-bf16 ...]
@@ -19,6 +21,7 @@ which of what the report runs first moves them.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 
@@ -44,6 +47,15 @@ def counting_describe():
     return count
 
 
+def accessors_us(torch, n: int = 2000) -> float:
+    """Median us of the three torch reads the call key makes of one tensor."""
+    t = torch.empty((1, 32), device="cuda")
+
+    def read():
+        return t.data_ptr(), t.shape, t.stride()
+    return float(np.median(report.time_calls(read, n, 200)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", nargs="+", default=["W7-call-copy"])
@@ -66,12 +78,16 @@ def main(argv=None) -> int:
             print(f"-- after {before}")
         for name in args.workloads:
             w = W.get(name)
-            before = count[0]
+            described = count[0]
+            collections = [g["collections"] for g in gc.get_stats()]
             results, failures, _ = report.run_call_workload(w, args.quick, env, rng,
                                                             log=lambda *a: None)
             reps = sum(r["reps"] for r in results if r["variant"].startswith("megak"))
-            print(f"round {rnd} {name}: Program._describe called {count[0] - before} times "
-                  f"(timed megak calls: {reps})")
+            print(f"round {rnd} {name}: Program._describe called {count[0] - described} times "
+                  f"(timed megak calls: {reps}); the key's torch reads of one tensor "
+                  f"{accessors_us(env.torch):.3f} us; gc collections by generation during "
+                  f"it {[g['collections'] - c for g, c in zip(gc.get_stats(), collections)]}, "
+                  f"objects tracked {len(gc.get_objects()):,}")
             for r in results:
                 extra = (f", device {r['device_us']:.2f}" if "device_us" in r else "")
                 print(f"  {r['variant']:<22}" + "  ".join(f"{k[:-3]} {r[k]:7.2f}" for k in ROWS)
