@@ -9,7 +9,9 @@ machine state): build the graph, fresh random inputs, a float64 reference; check
 ``prog.run``; then per variant: poison every tensor the graph writes, time it, check what the
 timed runs left in memory. A variant whose check fails is reported as a failure, never as a
 time. The call-path workloads (W7) are timed per call from Python instead (wall-clock, no L2
-flush; ``run_call_workload``), with the megakernel's device time beside it. Writes
+flush; ``run_call_workload``), megak_run, megak_bound, torch and torch_graph in turn over
+CALL_ROUNDS rounds (the host's speed moves in phases), with the megakernel's device time
+beside them. Writes
 
     OUT/results/<gpu-slug>-<date>.json   {"machine", "date", "results": [{workload, variant,
                                           median_us, metric, value, ...}], ...}
@@ -49,6 +51,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 TRACE_OVERHEAD_TARGET = 0.05    # tracing on may cost at most 5% on the W2 chains
 QUICK_REPS = (3, 1)             # (timed reps, warm-up) of every variant in a --quick run
+#: W7: the per-call variants (megak_run, megak_bound, torch, torch_graph) are timed in turn,
+#: this many rounds, each round a share of every variant's reps: the host's speed moves in
+#: phases of tens of seconds (torch's graph replay of a copy 9.5-11.5 <-> 16-17.6 us on the
+#: H200's host, benchmarks/ANALYSIS.md), and variants timed one after another could land in
+#: different phases
+CALL_ROUNDS = 10
 # the spin kernel queued ahead of each device-timed launch (torch.cuda._sleep cycles, ~0.5 ms
 # at an H200's clock): longer than the host takes to queue the events and the launch
 DEVICE_TIMING_SLEEP_CYCLES = 1_000_000
@@ -467,6 +475,9 @@ def render_markdown(doc: dict, audit_md: str | None = None, chart: str | None = 
             "it themselves; flushing them would only add the flush's dirty lines to the timed "
             "run); host workloads (W6) with perf_counter; the call-path workloads (W7) "
             "with perf_counter_ns around each call from Python, wall-clock, no L2 flush, "
+            f"megak_run, megak_bound, torch and torch_graph timed in turn over {CALL_ROUNDS} "
+            "rounds (each round a share of every variant's calls, so all of them sample the "
+            "same phases of the host), "
             "their *megak* being megak_run (host overhead per call = its wall-clock median - "
             "the megakernel's device median). "
             "*speed vs megak* = t_megak / t: above 1 that variant is faster than megak. "
@@ -974,13 +985,72 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
     return results, failures, notes
 
 
+@dataclass
+class TimedCall:
+    """One per-call variant of time_in_turn: ``fn`` is one call (it waits for its GPU work);
+    ``before()`` runs untimed ahead of each of the variant's blocks (poison its outputs),
+    ``after()`` untimed behind each (check them: it returns the check's text and raises
+    when they are wrong)."""
+    fn: object
+    reps: int
+    warmup: int
+    before: object
+    after: object
+
+
+def time_in_turn(calls: dict, on_fail, rounds: int = CALL_ROUNDS,
+                 clock=time.perf_counter_ns) -> dict:
+    """Microseconds per call of each of ``calls`` (name -> TimedCall), wall-clock from
+    Python, the variants timed in turn: every variant's warm-up, then ``rounds`` rounds in
+    which each variant times its share of its reps between its before() and after(), the
+    order rotated by one each round, so every variant samples the same phases of the host.
+    A variant whose fn, before() or after() raises leaves the rounds and is reported
+    through ``on_fail(name, exc)``. Returns name -> (times, the text of its last check) for
+    the variants that finished."""
+    live = {}
+    for name, c in calls.items():
+        try:
+            for _ in range(c.warmup):
+                c.fn()
+            live[name] = c
+        except Exception as exc:
+            on_fail(name, exc)
+    blocks = {name: [] for name in live}
+    checked = {}
+    order = list(live)
+    for r in range(rounds):
+        turn = order[r % len(order):] + order[:r % len(order)] if order else []
+        for name in turn:
+            c = live.get(name)
+            n = c.reps // rounds + (r < c.reps % rounds) if c is not None else 0
+            if n == 0:
+                continue
+            try:
+                c.before()
+                times = np.empty(n, dtype=np.float64)
+                for i in range(n):
+                    t0 = clock()
+                    c.fn()
+                    times[i] = clock() - t0
+                checked[name] = c.after()
+            except Exception as exc:
+                del live[name]
+                on_fail(name, exc)
+                continue
+            blocks[name].append(times)
+    return {name: (np.concatenate(blocks[name]) / 1e3, checked[name]) for name in live}
+
+
 def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator, log=print,
                       backend: str = "cuda",
                       launch_batch: int = W.LAUNCH_BATCH) -> tuple[list, list, list]:
     """The call path (W7): each variant timed per call from Python, wall-clock, no L2 flush;
     (results, failures, notes). ``env`` is a TorchEnv: the megak variants take its GPU tensors
     in and write ``out=`` tensors, so a call is one launch on torch's current stream.
-    ``backend``, ``launch_batch`` and a stand-in ``env`` exist for the CPU tests."""
+    megak_run, megak_bound, torch and torch_graph are timed in turn (time_in_turn), their
+    outputs poisoned before and checked after each round's calls; then megak_run's device
+    time, megak_launch and the resident variants (whose kernel holds every SM) one after
+    another. ``backend``, ``launch_batch`` and a stand-in ``env`` exist for the CPU tests."""
     import megak
 
     results, failures, notes = [], [], []
@@ -997,51 +1067,86 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
             f"({r['reps']} runs, {r['check']})")
         return r
 
-    # -- megak_run, megak_bound, megak_launch: one program, the same tensors on every call ----
     megak_variants = ("megak_run", "megak_bound", "megak_launch")
     resident_variants = ("megak_resident", "megak_resident_bound")
-    prog = None
-    stage = "compile"
+    prog = case = graph = None
+    calls = {}
     try:
-        prog = megak.compile(w.build(), backend=backend)
-        stage = "tensors"
-        plan = prog.plan
-        tin = env.to_device(inputs)
-        # every output the graph declares goes to a tensor of the caller: nothing is
-        # allocated or copied per call, so repeated calls reuse one checked binding
-        outs = {name: env.empty(plan.output_shapes[name], plan.tensors[slot].dtype)
-                for name, slot in plan.outputs.items()}
+        # -- one program, the same tensors on every call: its run checked once ---------------
+        stage = "compile"
+        try:
+            prog = megak.compile(w.build(), backend=backend)
+            stage = "tensors"
+            plan = prog.plan
+            tin = env.to_device(inputs)
+            # every output the graph declares goes to a tensor of the caller: nothing is
+            # allocated or copied per call, so repeated calls reuse one checked binding
+            outs = {name: env.empty(plan.output_shapes[name], plan.tensors[slot].dtype)
+                    for name, slot in plan.outputs.items()}
 
-        def call():
-            return prog.run(out=outs, **tin)
+            def call():
+                return prog.run(out=outs, **tin)
 
-        def launch():
-            return prog.launch(out=outs, **tin)
+            def launch():
+                return prog.launch(out=outs, **tin)
 
-        bound = prog.bind(out=outs, **tin)
+            bound = prog.bind(out=outs, **tin)
+            stage = "prog.run before timing"
+            call()
+            w.check(ref, env.fetch_tensors(outs), "megak prog.run")
+        except Exception as exc:
+            for v in megak_variants + resident_variants:
+                fail(v, stage, exc)
+            prog_ok = False
+        else:
+            prog_ok = True
 
-        stage = "prog.run before timing"
-        call()
-        w.check(ref, env.fetch_tensors(outs), "megak prog.run")
-        for v in megak_variants:
-            try:
-                reps, warmup = _reps(w, v, quick)
+            def poison_outs():
                 env.poison_tensors(outs.values())   # a variant that skips work then fails
-                if v in ("megak_run", "megak_bound"):
-                    times = time_calls(call if v == "megak_run" else bound.run, reps, warmup)
-                    extra = {}
-                else:
-                    times = time_launch_batches(launch, reps, warmup, launch_batch)
-                    extra = {"calls_per_rep": launch_batch}
-                err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
-                row = record(v, times, err, **extra)
+            for v, fn in (("megak_run", call), ("megak_bound", bound.run)):
+                calls[v] = TimedCall(fn, *_reps(w, v, quick), poison_outs, functools.partial(
+                    lambda v: w.check(ref, env.fetch_tensors(outs),
+                                      f"{v} (outputs of the timed runs)"), v))
+
+        # -- torch and torch_graph, each call synchronised ------------------------------------
+        try:
+            case = w.torch_case(inputs, env.torch, env.device)
+            case.run()
+            env.sync()
+            w.check(ref, env.fetch(case), "torch (before timing)")
+        except Exception as exc:
+            fail("torch", "set-up/check", exc)
+            case = None
+        if case is not None:
+            def eager():
+                case.run()
+                env.sync()
+
+            def check_torch(v):
+                return w.check(ref, env.fetch(case), f"{v} (outputs of the timed runs)")
+            calls["torch"] = TimedCall(eager, *_reps(w, "torch", quick),
+                                       lambda: env.poison(case),
+                                       functools.partial(check_torch, "torch"))
+            try:
+                graph = env.capture(case.run)
             except Exception as exc:
-                fail(v, "timing/check", exc)
-                continue
+                fail("torch_graph", "capture", exc)
+            else:
+                def replay():
+                    graph.replay()
+                    env.sync()
+                calls["torch_graph"] = TimedCall(replay, *_reps(w, "torch_graph", quick),
+                                                 lambda: env.poison(case),
+                                                 functools.partial(check_torch, "torch_graph"))
+
+        timed = time_in_turn(calls, lambda v, exc: fail(v, "timing/check", exc))
+        for v, (times, err) in timed.items():
+            row = record(v, times, err)
             if v != "megak_run":
                 continue
             try:   # the same launch timed on the device: what of the call is the GPU's
                 env.poison_tensors(outs.values())
+                reps, warmup = _reps(w, v, quick)
                 dev, handles = env.device_times(launch, reps, warmup)
                 for h in handles:
                     h.wait()
@@ -1052,72 +1157,45 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
                     f"overhead per call {fmt(row['host_overhead_us'])} us")
             except Exception as exc:
                 fail(v, "device time", exc)
-        # -- megak_resident(_bound): the same program served by a resident kernel, its
-        # requests made from the tensors or from the bound call -----------------------------
-        for v in resident_variants:
+        if prog_ok:
+            # -- megak_launch: batches of launches, one wait each ------------------------------
             try:
-                reps, warmup = _reps(w, v, quick)
-                env.poison_tensors(outs.values())   # before: the resident kernel holds every SM
-                with megak.resident(prog) as r:
-                    if v == "megak_resident":
-                        def submit():
-                            return r.submit(prog, out=outs, **tin).wait()
-                    else:
-                        def submit():
-                            return r.submit(bound).wait()
-                    times = time_calls(submit, reps, warmup)
-                    launches = r.launches
-                err = w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
-                record(v, times, err, kernel_launches=launches)
+                reps, warmup = _reps(w, "megak_launch", quick)
+                env.poison_tensors(outs.values())
+                times = time_launch_batches(launch, reps, warmup, launch_batch)
+                err = w.check(ref, env.fetch_tensors(outs),
+                              "megak_launch (outputs of the timed runs)")
+                record("megak_launch", times, err, calls_per_rep=launch_batch)
             except Exception as exc:
-                fail(v, "timing/check", exc)
-    except Exception as exc:
-        done = {f["variant"] for f in failures} | {r["variant"] for r in results}
-        for v in megak_variants + resident_variants:
-            if v not in done:
-                fail(v, stage, exc)
+                fail("megak_launch", "timing/check", exc)
+            # -- megak_resident(_bound): the same program served by a resident kernel, its
+            # requests made from the tensors or from the bound call --------------------------
+            for v in resident_variants:
+                try:
+                    reps, warmup = _reps(w, v, quick)
+                    env.poison_tensors(outs.values())   # before: the kernel holds every SM
+                    with megak.resident(prog) as r:
+                        if v == "megak_resident":
+                            def submit():
+                                return r.submit(prog, out=outs, **tin).wait()
+                        else:
+                            def submit():
+                                return r.submit(bound).wait()
+                        times = time_calls(submit, reps, warmup)
+                        launches = r.launches
+                    err = w.check(ref, env.fetch_tensors(outs),
+                                  f"{v} (outputs of the timed runs)")
+                    record(v, times, err, kernel_launches=launches)
+                except Exception as exc:
+                    fail(v, "timing/check", exc)
     finally:
         if prog is not None:
             prog.close()
-
-    # -- torch and torch_graph, each call synchronised ----------------------------------------
-    case = None
-    try:
-        case = w.torch_case(inputs, env.torch, env.device)
-        case.run()
-        env.sync()
-        w.check(ref, env.fetch(case), "torch (before timing)")
-    except Exception as exc:
-        fail("torch", "set-up/check", exc)
-        case = None
-    if case is not None:
-        def eager():
-            case.run()
-            env.sync()
-        try:
-            reps, warmup = _reps(w, "torch", quick)
-            env.poison(case)
-            times = time_calls(eager, reps, warmup)
-            record("torch", times, w.check(ref, env.fetch(case),
-                                           "torch (outputs of the timed runs)"))
-        except Exception as exc:
-            fail("torch", "timing/check", exc)
-        try:
-            reps, warmup = _reps(w, "torch_graph", quick)
-            graph = env.capture(case.run)
-
-            def replay():
-                graph.replay()
-                env.sync()
-            env.poison(case)
-            times = time_calls(replay, reps, warmup)
-            record("torch_graph", times, w.check(ref, env.fetch(case),
-                                                 "torch_graph (outputs of the timed runs)"))
-            del graph
-        except Exception as exc:
-            fail("torch_graph", "capture/timing/check", exc)
-    del case
-    env.release()
+        del graph, case
+        env.release()
+    rank = {v: i for i, v in enumerate(W.CALL_VARIANTS)}
+    results.sort(key=lambda r: rank[r["variant"]])
+    failures.sort(key=lambda f: rank.get(f["variant"], len(rank)))
     return results, failures, notes
 
 

@@ -1095,6 +1095,36 @@ def test_time_calls_is_per_call_wall_clock():
     assert r["median_us"] == 6.0 and r["value"] == 6.0 and r["reps"] == 3
 
 
+def test_call_variants_are_timed_in_turn_each_block_between_its_poison_and_check():
+    events = []
+    clock = iter(range(0, 10**9, 1000))     # every call 1 us
+
+    def variant(name, reps, warmup, fail_at=None):
+        done = []
+
+        def fn():
+            done.append(1)
+            events.append(name)
+            if fail_at is not None and len(done) == fail_at:
+                raise RuntimeError(f"{name} failed")
+        return R.TimedCall(fn, reps, warmup, lambda: events.append(f"{name}:poison"),
+                           lambda: events.append(f"{name}:check") or f"{name} ok")
+    failed = []
+    timed = R.time_in_turn({"a": variant("a", 5, 1), "b": variant("b", 4, 0),
+                            "c": variant("c", 6, 2, fail_at=7)},
+                           lambda v, exc: failed.append((v, str(exc))), rounds=2,
+                           clock=lambda: next(clock))
+    # warm-ups first, then 2 rounds, the order rotated by one; c fails in its second block
+    assert events == ["a", "c", "c",
+                      "a:poison", "a", "a", "a", "a:check", "b:poison", "b", "b", "b:check",
+                      "c:poison", "c", "c", "c", "c:check",
+                      "b:poison", "b", "b", "b:check", "c:poison", "c", "c",
+                      "a:poison", "a", "a", "a:check"]
+    assert failed == [("c", "c failed")] and set(timed) == {"a", "b"}
+    assert timed["a"][0].tolist() == [1.0] * 5 and timed["a"][1] == "a ok"
+    assert len(timed["b"][0]) == 4 and timed["b"][1] == "b ok"
+
+
 def test_time_launch_batches_is_total_over_calls_and_waits_every_handle():
     events = []
 
