@@ -15,6 +15,14 @@ which of what the report runs first moves them. Each round also times the call k
 accessors alone (`data_ptr()`, `shape`, `stride()` of a (1, 32) GPU tensor, median of 2,000),
 and counts the garbage collector's passes during the rows and the objects it tracks.
 
+Result (H200, 2026-12-04, benchmarks/results/call-rows/): every call took the fast path, the
+collector's passes were the same in every round, and nothing that ran before set the rows:
+the host's speed moves in phases of tens of seconds (torch's graph replay of the copy
+9.5-11.5 <-> 16-16.6 us, torch's tensor reads 0.44 <-> 0.86 us), and megak_run is that replay
++ 4.4-5.3 us in either phase (alone: 14.46-15.99 us). The report had timed megak_run in a slow
+phase and torch's graph in a fast one; it now times the per-call variants in turn
+(benchmarks.report.time_in_turn).
+
     python tools/probe_call_rows.py [--workloads W7-call-copy] [--rounds 2] [--quick]
                                     [--before W6-lower-100k W3-4096-bf16 ...]
 """
