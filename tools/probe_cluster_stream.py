@@ -38,6 +38,19 @@ out = A @ (sum over layers of W_l).
   -noA            the same without A (B bytes only; the MMAs take a constant A of ones).
   mcast-strict    mcast with the remote hand-back release.cluster instead of release.cta:
                   ptxas puts a MEMBAR.ALL.GPU before each one ("Ordering" in the source).
+  <variant>+deps  (variants with A; --deps adds one after each) the layers chained as megak's
+                  are: layer l + 1's A is layer l's output. A's values stay the same (the
+                  check holds), its AVAILABILITY is modelled: a per-layer counter in global
+                  memory, to which each CTA with work adds one (red.release.gpu) once all its
+                  consumer warps are done with layer l; the producer issues layer l + 1's
+                  first A copy only once the counter reaches the CTAs with work (128 on the
+                  H200; polled with ld.relaxed.gpu as megak's loader does, then
+                  fence.acquire.gpu and fence.proxy.async.global). B never waits: the
+                  producer's B cursor keeps filling free slots across the layer boundary while
+                  its A cursor waits ("Layer dependencies" in the source). A timing model:
+                  the real chain would also write each CTA's 32 x 64 outputs of layer l before
+                  signalling, which is left out. The counters are zeroed once and only grow:
+                  run e waits for e * 2 * bands (no memset between runs).
 
 Each variant: output poisoned (NaN), one checked run against numpy (exact: values are
 multiples of 1/64 in [-1, 1]; tolerance 1e-3 of sum |a||w|), then --reps timed runs (CUDA
@@ -45,9 +58,10 @@ events per launch), median. Columns: us per chain; weight bytes / time (TB/s); t
 bytes the variant implies (own: B twice + A; mcast: B once + A, a multicast counted once) and
 that rate. Every spin has a %globaltimer deadline (1 s): on timeout the thread writes an error
 record (code, block, stage, slot) and leaves its loop; every thread still reaches the final
-cluster barrier (all waits are bounded), and the host raises with the record. The layers do
-not wait on each other (no grid barrier): the rows measure streaming, not the chain's
-dependencies; the noA rows show what A adds.
+cluster barrier (all waits are bounded), and the host raises with the record. Without +deps
+the layers do not wait on each other: those rows measure streaming, not the chain's
+dependencies; the noA rows show what A adds, the +deps rows (column +deps: us over the same
+variant without) what the layer boundaries cost such a stream.
 
 Result (H200, 2026-12-04, two runs, benchmarks/results/clusters/): own 89.0 / 89.3 us, mcast
 79.1 / 79.5 (1.12x), own-noA 71.8 / 70.9, mcast-noA 71.4 / 71.2, mcast-strict 95.4 / 95.8. The
@@ -55,9 +69,11 @@ pattern's bytes stream in 89 us where megak's chain takes ~149: B alone is at HB
 (3.8 TB/s) either way, A costs 18 us own and 8 us multicast, and L2 serves 805 MB at 9 TB/s.
 So clusters would take ~10 us off batch 64; the rest of its 149 is the chain's own (layer
 boundaries, the k loop's waits, the tail), not the bytes an SM takes.
+deps: not yet run
 
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
-                                         [--reps 20] [--variants own,mcast,...] [--json PATH]
+                                         [--reps 20] [--variants own,mcast,...] [--deps]
+                                         [--json PATH]
     python tools/probe_cluster_stream.py --compile-only   # no GPU: cubin for sm_90a, ptxas info
     python tools/probe_cluster_stream.py --self-check     # no GPU: tiling, reference, config
 """
@@ -84,25 +100,36 @@ ROWS = 32                         # rows of A per CTA
 B_BYTES = STAGE_K * BAND_N * 2    # 16 KiB
 A_BYTES = ROWS * STAGE_K * 2      # 8 KiB
 MAX_RING = 16
-RING_OFF = 1024 + ROWS * BAND_N * 4   # barriers, issued words (1 KiB), fp32 reduce (8 KiB)
+MAX_LAYERS = 128                  # +deps: a shared word per layer at DONE_OFF
+DONE_OFF = 512                    # after full[], empty[] (8 B each), issued[] (4 B each)
+RING_OFF = 1024 + ROWS * BAND_N * 4   # barriers, issued, done words (1 KiB), fp32 reduce (8 KiB)
 ALIGN_SLACK = 128
 H200_SMEM_OPTIN = 232448          # --self-check's stand-in for the device's opt-in limit
 # name -> (multicast, with A, cluster-scope release on the hand-back)
 VARIANTS = {"own": (False, True, False), "mcast": (True, True, False),
             "own-noA": (False, False, False), "mcast-noA": (True, False, False),
             "mcast-strict": (True, True, True)}
+DEPS = "+deps"   # a variant with A, its layers chained: "own+deps" (see "Layer dependencies")
+ALL_VARIANTS = tuple(VARIANTS) + tuple(v + DEPS for v, (_, a, _) in VARIANTS.items() if a)
 ERRORS = {1: "bad arguments (ring {}, stages {})",
           2: "a ring of {} bytes does not fit the {} bytes of dynamic shared memory",
           3: "not launched as clusters of 2 (cluster size {}, rank {})",
           4: "a consumer's wait for stage {} (slot {}) passed its deadline",
-          5: "the producer's wait on `empty` passed its deadline at stage {} (slot {})"}
+          5: "the producer's wait on `empty` passed its deadline at stage {} (slot {})",
+          6: "the producer's wait for layer {}'s A passed its deadline (the counter of the "
+             "layer before read {})"}
+
+
+def split(variant: str):
+    """'own+deps' -> ('own', True); 'own' -> ('own', False)."""
+    return (variant[:-len(DEPS)], True) if variant.endswith(DEPS) else (variant, False)
 
 
 def entry(variant: str) -> str:
-    return f"{NAME}_{variant.replace('-', '_').lower()}"
+    return f"{NAME}_{variant.replace('-', '_').replace('+', '_').lower()}"
 
 
-ENTRIES = tuple(entry(v) for v in VARIANTS)
+ENTRIES = tuple(entry(v) for v in ALL_VARIANTS)
 
 SOURCE = BULK_PRELUDE + f"""
 #define THREADS {THREADS}u
@@ -110,10 +137,12 @@ SOURCE = BULK_PRELUDE + f"""
 #define B_BYTES {B_BYTES}u
 #define A_BYTES {A_BYTES}u
 #define MAX_RING {MAX_RING}u
+#define MAX_LAYERS {MAX_LAYERS}u
+#define DONE_OFF {DONE_OFF}u
 #define RED_OFF 1024u
 #define RING_OFF {RING_OFF}u
 """ + r"""
-enum { E_ARGS = 1, E_FIT = 2, E_CLUSTER = 3, E_FULL = 4, E_EMPTY = 5 };
+enum { E_ARGS = 1, E_FIT = 2, E_CLUSTER = 3, E_FULL = 4, E_EMPTY = 5, E_DEP = 6 };
 
 #define SPECIAL(fn, reg) __device__ __forceinline__ u32 fn() \
     { u32 v; asm volatile("mov.u32 %0, %%" reg ";" : "=r"(v)); return v; }
@@ -154,6 +183,30 @@ __device__ __forceinline__ bool wait_phase(u32 bar, u32 par, u64 timeout_ns)
             return false;
     return true;
 }
+
+/* +deps: one look at a phase, without the suspension try_wait may take (the deps producer
+ * polls two things at once and must not sleep on one). Same scopes as wait_phase. */
+template <bool CLUSTER>
+__device__ __forceinline__ bool mbar_test(u32 bar, u32 par)
+{
+    u32 ok;
+    if (CLUSTER)
+        asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;"
+                     " selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+    else
+        asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;"
+                     " selp.u32 %0, 1, 0, p; }" : "=r"(ok) : "r"(bar), "r"(par) : "memory");
+    return ok != 0u;
+}
+
+/* +deps: the per-layer counters in global memory (megak's sync.cuh spellings: a relaxed poll,
+ * then fence.acquire.gpu once it saw the target, is an acquire pattern, the same as a last
+ * ld.acquire; on sm_90 that appends CCTL.IVALL, which waits for the load: polling with
+ * ld.acquire would stall the producer's B step on every look). */
+__device__ __forceinline__ u32 ld_relaxed_gpu(const u32* p)
+{ u32 v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v; }
+__device__ __forceinline__ void red_release_gpu(u32* p)
+{ asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(p) : "memory"); }
 
 /* issued[slot]: the stage the producer last issued into the slot (megak's ring_issued, with
  * its atomics: release exchange, acquire reads). */
@@ -237,6 +290,8 @@ struct plan {
     u32 layers, stages, bands, ring, rank, band, full0, empty0, issued0, ring0;
     u64 timeout_ns;
     u32* err;
+    u32* dep;                   /* +deps: [layer] CTAs done with it, never reset (see target) */
+    u32 target, done0;          /* +deps: dep[l] when layer l is done this run; done[] words */
 };
 
 /* Ordering, mcast (own is the one-CTA case of it: empty counts 1, no remote arrival):
@@ -293,11 +348,128 @@ __device__ __forceinline__ void produce(const plan& P)
     }
 }
 
+/* Layer dependencies (+deps; variants with A). Layer l + 1's A is layer l's output: its values
+ * stay the same A here (the check is unchanged), only its availability is modelled.
+ *  - signal: dep[l] counts the CTAs done with layer l (it only grows: a run adds one per CTA
+ *    with work, so layer l is done in run `epoch` when dep[l] reaches target = epoch * 2 *
+ *    bands). A consumer warp is done with layer l once it handed back its last stage of l (or,
+ *    having none left there, reaches a later layer or its end); its lane 0 then adds one to
+ *    the CTA's done[l] word (atom.acq_rel.cta), and the warp that brings it to CONSUMERS adds
+ *    one to dep[l] (red.release.gpu; cumulative: it orders the other warps' work, which its
+ *    acquire observed). Every warp waited on `full` for each of its stages of l, so every
+ *    bulk copy of layer l's A into this CTA has read its bytes before the signal: in a chain
+ *    that ping-pongs two buffers, layer l + 1's outputs overwrite the A layer l read, and no
+ *    CTA computes layer l + 1 before every CTA signalled l. The real chain would also write
+ *    the CTA's 32 x 64 outputs of layer l before signalling; the probe leaves that out. The
+ *    last layer signals nothing. Idle clusters neither signal nor wait.
+ *  - wait: the producer issues layer l + 1's first A copy only once it read dep[l] >= target
+ *    (ld.relaxed.gpu, one look per pass of its loop), then fence.acquire.gpu (with that read
+ *    an acquire pattern) and fence.proxy.async.global: the acquire makes the generic stores
+ *    that precede the signals (the real chain's outputs) visible to this thread, the proxy
+ *    fence to the async proxy, whose bulk copies are what read them. Layer 0 waits for
+ *    nothing; B never waits (weights have no producer). Every CTA with work waits for every
+ *    other, so all must be resident at once: the launch is cooperative (all of them are). */
+template <bool MCAST>
+__device__ __forceinline__ void produce_deps(const plan& P)
+{
+    const u32 stage_bytes = B_BYTES + A_BYTES;
+    const u64 pol_b = policy(false), pol_a = policy(true);
+    const unsigned char* a_rank = P.act + (u64)P.rank * P.stages * A_BYTES;
+    const u32 total = P.layers * P.stages;
+    /* Two cursors: B runs ahead of A as far as slots free up, A follows as far as B went and
+     * its layer's input is ready: at a layer boundary the ring fills with the next layer's B
+     * while its A waits. Ordering: a stage's one `full` arrival (expect_tx for B + A) is made
+     * with its B issue, and its A is issued after it (a_pos < b_pos), so the phase expects
+     * the A bytes before they can land and completes only once both did. A never passes B;
+     * B passes A by at most the ring: a slot is refilled only after its stage was read,
+     * which needs that stage's A. issued[] is published with the B issue, as before: the
+     * consumers' argument (wait_stage) is about the phase, which still needs A. */
+    u32 b_pos = 0, b_slot = 0, b_lap = 0, b_s = 0, b_l = 0;   /* the next B to issue */
+    u32 a_pos = 0, a_slot = 0, a_s = 0, a_l = 0;              /* the next A: a_pos <= b_pos */
+    u32 ready = 1, seen = 0;   /* the layers below `ready` may read their A; dep[] last read */
+    u64 deadline = 0;
+    while (a_pos < total) {
+        /* Between passes a_pos < b_pos only while A waits for dep[a_l - 1] (the A step issues
+         * all it may). Then look at it now and use the value after the B step: the relaxed
+         * load stalls nothing until then. */
+        const bool a_waits = a_pos < b_pos;
+        bool look = a_waits;   /* `seen` is dep[a_l - 1] of this pass, not yet used */
+        if (a_waits)
+            seen = ld_relaxed_gpu(P.dep + a_l - 1u);
+        bool moved = false;
+        if (b_pos < total) {   /* B: the next stage, once its slot is free */
+            const u32 empty = P.empty0 + 8u * b_slot, par = (b_lap - 1u) & 1u;
+            bool free = b_pos < P.ring;
+            if (!free && !a_waits) {   /* nothing else to do: wait here, as produce does */
+                if (!wait_phase<MCAST>(empty, par, P.timeout_ns)) {
+                    fail(P.err, E_EMPTY, b_pos, b_slot);
+                    return;
+                }
+                free = true;
+            } else if (!free) {   /* A waits for its layer: one look, then back to dep[] */
+                free = mbar_test<MCAST>(empty, par);
+            }
+            if (free) {
+                const u32 full = P.full0 + 8u * b_slot, page = P.ring0 + b_slot * stage_bytes;
+                issued_publish(P.issued0 + 4u * b_slot, b_pos);
+                mbar_expect_tx(full, stage_bytes);
+                const unsigned char* b =
+                    P.w + (((u64)b_l * P.bands + P.band) * P.stages + b_s) * B_BYTES;
+                if (!MCAST)
+                    bulk_load(at(page), b, B_BYTES, reinterpret_cast<u64*>(at(full)), pol_b);
+                else if ((b_pos & 1u) == P.rank)   /* the two producers take turns */
+                    bulk_copy_multicast(page, b, B_BYTES, full, (unsigned short)3u, pol_b);
+                ++b_pos;
+                moved = true;
+                if (++b_slot == P.ring) { b_slot = 0; ++b_lap; }
+                if (++b_s == P.stages) { b_s = 0; ++b_l; }
+            }
+        }
+        while (a_pos < b_pos) {   /* A: every stage whose B is out, up to a layer not ready */
+            if (a_l == ready) {   /* the first A of layer a_l >= 1 */
+                if (!look || (int)(seen - P.target) < 0)   /* (a second layer in one pass, */
+                    break;                                  /* a ring deeper: the next pass) */
+                look = false;
+                asm volatile("fence.acquire.gpu;" ::: "memory");
+                /* bulk copies (async proxy) will read what generic stores wrote before the
+                 * signals that read saw */
+                asm volatile("fence.proxy.async.global;" ::: "memory");
+                ready = a_l + 1u;
+            }
+            bulk_load(at(P.ring0 + a_slot * stage_bytes + B_BYTES), a_rank + (u64)a_s * A_BYTES,
+                      A_BYTES, reinterpret_cast<u64*>(at(P.full0 + 8u * a_slot)), pol_a);
+            ++a_pos;
+            moved = true;
+            if (++a_slot == P.ring) a_slot = 0;
+            if (++a_s == P.stages) { a_s = 0; ++a_l; }
+        }
+        /* Not moved: A waits for dep[] (B either moved, or waited above, or is all out). */
+        if (moved) {
+            deadline = 0;
+        } else if (deadline == 0) {
+            deadline = now() + P.timeout_ns;
+        } else if (now() > deadline) {
+            fail(P.err, E_DEP, a_l, seen);
+            return;
+        }
+    }
+}
+
+/* +deps: lane 0 of a consumer warp, done with layer l (see "Layer dependencies"). */
+__device__ __forceinline__ void layer_done(const plan& P, u32 l)
+{
+    u32 before;
+    asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
+                 : "=r"(before) : "r"(P.done0 + 4u * l) : "memory");
+    if (before == CONSUMERS - 1u)   /* the CTA's last warp done with l */
+        red_release_gpu(P.dep + l);
+}
+
 /* Page layouts (the host's tiling, probe_cluster_stream.py b_offset / a_offset): B row k
  * (128 B) holds 8 chunks of 8 columns, chunk c at c ^ (k & 7); A row m (256 B) holds 16
  * chunks of 8 k, chunk c at c ^ (m & 7). An ldmatrix phase (8 lanes, 8 rows, one chunk)
  * then touches 8 distinct 16-B bank groups. */
-template <bool MCAST, bool HAS_A, bool STRICT>
+template <bool MCAST, bool HAS_A, bool STRICT, bool DEPS>
 __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float* red)
 {
     const u32 stage_bytes = HAS_A ? B_BYTES + A_BYTES : B_BYTES;
@@ -305,7 +477,15 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
     const u32 peer_empty0 = MCAST ? peer_addr(P.empty0, P.rank ^ 1u) : 0u;
     const u32 row = lane & 15u, half = lane >> 4, swz = lane & 7u;   /* this lane's ldmatrix row */
     float acc[2][8][4] = {};
-    for (u32 pos = warp; pos < total; pos += CONSUMERS) {
+    u32 pos = warp, done = 0;   /* DEPS: the layers below `done` this warp has signalled */
+    for (; pos < total; pos += CONSUMERS) {
+        if (DEPS) {   /* the warp's stages go up: it is done with the layers below this one */
+            const u32 layer = pos / P.stages;
+            if (lane == 0)
+                for (u32 l = done; l < layer; ++l)
+                    layer_done(P, l);
+            done = layer > done ? layer : done;
+        }
         const u32 slot = pos % P.ring;
         if (!wait_stage(P.issued0 + 4u * slot, P.full0 + 8u * slot, pos, (pos / P.ring) & 1u,
                         lane, P.timeout_ns)) {
@@ -342,6 +522,9 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
                 mbar_arrive_remote<STRICT>(peer_empty0 + 8u * slot);
         }
     }
+    if (DEPS && pos >= total && lane == 0)   /* not after an error: the others time out */
+        for (u32 l = done; l + 1u < P.layers; ++l)
+            layer_done(P, l);
     /* the 8 warps' sums, one warp at a time (shared f32 atomics are CAS loops on sm_90) */
     const u32 g = lane >> 2, q = lane & 3u;
     for (u32 turn = 0; turn < CONSUMERS; ++turn) {
@@ -364,23 +547,25 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
         P.out[(u64)(32u * P.rank + i / 64u) * cols + 64u * P.band + i % 64u] = red[i];
 }
 
-template <bool MCAST, bool HAS_A, bool STRICT>
+template <bool MCAST, bool HAS_A, bool STRICT, bool DEPS>
 __device__ __forceinline__ void cluster_stream(const unsigned char* w, const unsigned char* act,
                                                float* out, u32 layers, u32 stages, u32 bands,
-                                               u32 ring, u64 timeout_ns, u32* err)
+                                               u32 ring, u64 timeout_ns, u32* err, u32* dep,
+                                               u32 epoch)
 {
     const u32 stage_bytes = HAS_A ? B_BYTES + A_BYTES : B_BYTES;
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
     const u32 pad = ((sa(smem) + 127u) & ~127u) - sa(smem);   /* same in both CTAs */
-    const u32 base = sa(smem) + pad;   /* full[], empty[], issued[], the reduce buffer, the ring */
+    const u32 base = sa(smem) + pad;   /* full[], empty[], issued[], done[], reduce, the ring */
     plan P = {w, act, out, layers, stages, bands, ring, cta_rank(), cluster_index(), base,
-              base + 8u * MAX_RING, base + 16u * MAX_RING, base + RING_OFF, timeout_ns, err};
+              base + 8u * MAX_RING, base + 16u * MAX_RING, base + RING_OFF, timeout_ns, err,
+              dep, epoch * 2u * bands, base + DONE_OFF};
     float* red = reinterpret_cast<float*>(smem + pad + RED_OFF);
     bool ok = false;
     if (cluster_ctas() != 2u || P.rank != (blockIdx.x & 1u)) {
         if (tid == 0) fail(err, E_CLUSTER, cluster_ctas(), P.rank);
     } else if (blockDim.x != THREADS || ring == 0u || ring > MAX_RING || stages == 0u ||
-               layers == 0u) {
+               layers == 0u || (DEPS && (layers > MAX_LAYERS || epoch == 0u))) {
         if (tid == 0) fail(err, E_ARGS, ring, stages);
     } else if (pad + RING_OFF + ring * stage_bytes > dyn_smem()) {
         if (tid == 0) fail(err, E_FIT, pad + RING_OFF + ring * stage_bytes, dyn_smem());
@@ -393,28 +578,37 @@ __device__ __forceinline__ void cluster_stream(const unsigned char* w, const uns
             mbar_init(P.empty0 + 8u * i, MCAST ? 2u : 1u);      /* one reader per CTA */
             issued_publish(P.issued0 + 4u * i, ~0u);             /* no stage yet */
         }
+        if (DEPS)
+            for (u32 i = 0; i < MAX_LAYERS; ++i)   /* no warp done with any layer yet */
+                reinterpret_cast<u32*>(smem + pad + DONE_OFF)[i] = 0u;
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     cluster_sync();
     if (ok && P.band < bands) {   /* the clusters past the last band have no work */
         if (warp == CONSUMERS) {
-            if (lane == 0)
-                produce<MCAST, HAS_A>(P);
+            if (lane == 0) {
+                if (DEPS)
+                    produce_deps<MCAST>(P);
+                else
+                    produce<MCAST, HAS_A>(P);
+            }
         } else {
-            consume<MCAST, HAS_A, STRICT>(P, warp, lane, red);
+            consume<MCAST, HAS_A, STRICT, DEPS>(P, warp, lane, red);
         }
     }
     cluster_sync();
 }
 
-#define ENTRY(name, MCAST, HAS_A, STRICT)                                                      \
+#define ENTRY(name, MCAST, HAS_A, STRICT, DEPS)                                                \
 extern "C" __global__ void __launch_bounds__(THREADS, 1)                                       \
 name(const unsigned char* w, const unsigned char* act, float* out, u32 layers, u32 stages,     \
-     u32 bands, u32 ring, u64 timeout_ns, u32* err)                                            \
-{ cluster_stream<MCAST, HAS_A, STRICT>(w, act, out, layers, stages, bands, ring, timeout_ns, err); }
-""" + "\n".join(f"ENTRY({entry(v)}, {str(mc).lower()}, {str(a).lower()}, {str(st).lower()})"
-                for v, (mc, a, st) in VARIANTS.items()) + "\n"
+     u32 bands, u32 ring, u64 timeout_ns, u32* err, u32* dep, u32 epoch)                       \
+{ cluster_stream<MCAST, HAS_A, STRICT, DEPS>(w, act, out, layers, stages, bands, ring,          \
+                                             timeout_ns, err, dep, epoch); }
+""" + "\n".join("ENTRY({}, {}, {}, {}, {})".format(
+    entry(v), *(str(x).lower() for x in VARIANTS[split(v)[0]] + (split(v)[1],)))
+    for v in ALL_VARIANTS) + "\n"
 
 
 def compile_probe(arch):
@@ -527,7 +721,9 @@ def geometry(args, smem, clusters):
     stages, bands = args.k // STAGE_K, args.n // BAND_N
     if bands > clusters:
         raise SystemExit(f"{bands} bands need {bands} clusters of 2; the grid has {clusters}")
-    with_a = any(VARIANTS[v][1] for v in args.variants)
+    if any(split(v)[1] for v in args.variants) and args.layers > MAX_LAYERS:
+        raise SystemExit(f"+deps: --layers up to {MAX_LAYERS}")
+    with_a = any(VARIANTS[split(v)[0]][1] for v in args.variants)
     fit = min(MAX_RING, ring_fits(smem, with_a))
     ring = args.ring or fit
     if not 1 <= ring <= fit:
@@ -538,7 +734,7 @@ def geometry(args, smem, clusters):
 def implied_l2_bytes(variant, layers, k, bands):
     """L2-to-SM bytes a chain moves: B per band twice (own) or once (mcast, a multicast counted
     once), A per CTA."""
-    mcast, with_a, _ = VARIANTS[variant]
+    mcast, with_a, _ = VARIANTS[split(variant)[0]]
     b = layers * bands * k * BAND_N * 2
     return b * (1 if mcast else 2) + (layers * bands * 2 * ROWS * k * 2 if with_a else 0)
 
@@ -570,8 +766,10 @@ def self_check(args) -> int:
     check_output(np.ones((64, k)) @ w_read, d["ref"][False], d["tol"][False], "self-check noA")
     cfg = launch_config(drv, 132, H200_SMEM_OPTIN)
     assert cfg.attrs[0].value.clusterDim.x == 2 and cfg.attrs[1].value.cooperative == 1
-    args.variants = list(VARIANTS)
+    args.variants = list(ALL_VARIANTS)
     st, bd, ring = geometry(args, H200_SMEM_OPTIN, 66)
+    assert len(set(map(entry, ALL_VARIANTS))) == len(ALL_VARIANTS)
+    assert all(VARIANTS[split(v)[0]][1] for v in ALL_VARIANTS if split(v)[1])
     print(f"default geometry on an H200: {args.layers} layers, {st} stages x {bd} bands, ring "
           f"{ring} (noA alone: {min(MAX_RING, ring_fits(H200_SMEM_OPTIN, False))}); implied "
           "L2->SM MB per chain: " + ", ".join(
@@ -620,6 +818,8 @@ def run(args):
     a = m.device(d["a"].nbytes, "A")
     out = m.device(n_out * 4, "out")
     err = m.device(16, "error record")
+    dep = m.device(4 * args.layers, "+deps layer counters")   # freed with m; zeroed once:
+    mem.memset32(dep.ptr, 0, args.layers, h)                 # each +deps run adds 2 * bands
     for buf, host in ((w, d["w"]), (a, d["a"])):
         check(drv.cuMemcpyHtoD(buf.ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
     print(f"{info['name']}: {grid} blocks = {grid // 2} clusters of 2 ({fits} fit), {bands} "
@@ -630,11 +830,17 @@ def run(args):
     host_out = np.empty(n_out, np.float32)
     host_err = np.zeros(4, np.uint32)
 
+    epoch = 0   # +deps runs so far: the counters stand at epoch * 2 * bands between runs
+
     def launch(variant):
+        nonlocal epoch
+        if split(variant)[1]:
+            epoch += 1
         vals = [ctypes.c_uint64(w.ptr), ctypes.c_uint64(a.ptr), ctypes.c_uint64(out.ptr),
                 ctypes.c_uint32(args.layers), ctypes.c_uint32(stages), ctypes.c_uint32(bands),
                 ctypes.c_uint32(ring), ctypes.c_uint64(int(args.timeout_s * 1e9)),
-                ctypes.c_uint64(err.ptr)]
+                ctypes.c_uint64(err.ptr), ctypes.c_uint64(dep.ptr),
+                ctypes.c_uint32(epoch & 0xFFFFFFFF)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         check(drv.cuLaunchKernelEx(cfg, fn[variant], ctypes.addressof(argv), 0), "cuLaunchKernelEx")
 
@@ -647,7 +853,7 @@ def run(args):
 
     b_total = args.layers * args.k * args.n * 2
     rows = []
-    print(f"{'variant':<13}{'us':>9}{'min':>9}{'max':>9}{'x own':>7}{'W TB/s':>8}"
+    print(f"{'variant':<18}{'us':>9}{'min':>9}{'max':>9}{'x own':>7}{'+deps':>7}{'W TB/s':>8}"
           f"{'L2->SM MB':>11}{'TB/s':>7}{'err/tol':>9}", flush=True)
     for v in args.variants:
         mem.memset32(out.ptr, 0x7FC0DEAD, n_out, h)   # NaN: an output never written fails
@@ -656,7 +862,8 @@ def run(args):
         check(drv.cuStreamSynchronize(h), f"{v} (checked run)")
         raise_on_error(v)
         check(drv.cuMemcpyDtoH(host_out.ctypes.data, out.ptr, n_out * 4), "cuMemcpyDtoH")
-        with_a = VARIANTS[v][1]
+        base, deps = split(v)
+        with_a = VARIANTS[base][1]
         worst = check_output(host_out.reshape(64, args.n).astype(np.float64),
                              d["ref"][with_a], d["tol"][with_a], v)
         for start, stop in events:
@@ -669,12 +876,14 @@ def run(args):
         med = statistics.median(ts)
         l2 = implied_l2_bytes(v, args.layers, args.k, bands)
         own = next((r["median_us"] for r in rows if r["variant"] == "own"), None)
-        rows.append(dict(variant=v, multicast=VARIANTS[v][0], with_a=with_a, ring=ring,
-                         median_us=med, min_us=min(ts), max_us=max(ts), times_us=ts,
+        undep = next((r["median_us"] for r in rows if deps and r["variant"] == base), None)
+        rows.append(dict(variant=v, multicast=VARIANTS[base][0], with_a=with_a, deps=deps,
+                         ring=ring, median_us=med, min_us=min(ts), max_us=max(ts), times_us=ts,
                          weight_tbps=b_total / med / 1e6, l2_to_sm_bytes=l2,
                          l2_to_sm_tbps=l2 / med / 1e6, worst_err_over_tol=worst))
         ratio = f"{own / med:.2f}" if own else "-"
-        print(f"{v:<13}{med:>9.1f}{min(ts):>9.1f}{max(ts):>9.1f}{ratio:>7}"
+        extra = f"{med - undep:+.1f}" if undep else "-"   # what the chain's waits add, us
+        print(f"{v:<18}{med:>9.1f}{min(ts):>9.1f}{max(ts):>9.1f}{ratio:>7}{extra:>7}"
               f"{b_total / med / 1e6:>8.2f}{l2 / 1e6:>11.0f}{l2 / med / 1e6:>7.2f}"
               f"{worst:>9.3f}", flush=True)
     if args.json:
@@ -698,7 +907,11 @@ def main(argv=None):
     p.add_argument("--ring", type=int, default=0, help="slots in flight (default: as many as fit)")
     p.add_argument("--reps", type=int, default=20, help="timed runs per variant (default 20)")
     p.add_argument("--variants", default=",".join(VARIANTS),
-                   help="comma list of " + ", ".join(VARIANTS) + " (default all)")
+                   help="comma list of " + ", ".join(VARIANTS) + " (default all), each with A "
+                   f"also as <variant>{DEPS}")
+    p.add_argument("--deps", action="store_true",
+                   help=f"after the variants, each one with A again as <variant>{DEPS}: its "
+                   "layers chained through a counter in global memory")
     p.add_argument("--timeout-s", type=float, default=1.0, help="device spin deadline (s)")
     p.add_argument("--json", default="", help="write the results here")
     p.add_argument("--compile-only", action="store_true",
@@ -708,8 +921,11 @@ def main(argv=None):
                    help="no GPU: host tiling vs the kernel's addressing, reference, config")
     args = p.parse_args(argv)
     args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if not args.variants or any(v not in VARIANTS for v in args.variants):
-        p.error("--variants: a comma list of " + ", ".join(VARIANTS))
+    if not args.variants or any(v not in ALL_VARIANTS for v in args.variants):
+        p.error("--variants: a comma list of " + ", ".join(ALL_VARIANTS))
+    if args.deps:
+        args.variants += [v + DEPS for v in args.variants
+                          if v + DEPS in ALL_VARIANTS and v + DEPS not in args.variants]
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.compile_only:
