@@ -68,8 +68,12 @@ Result (H200, 2026-12-04, two runs, benchmarks/results/clusters/): own 89.0 / 89
 pattern's bytes stream in 89 us where megak's chain takes ~149: B alone is at HBM's pace
 (3.8 TB/s) either way, A costs 18 us own and 8 us multicast, and L2 serves 805 MB at 9 TB/s.
 So clusters would take ~10 us off batch 64; the rest of its 149 is the chain's own (layer
-boundaries, the k loop's waits, the tail), not the bytes an SM takes.
-deps: not yet run
+boundaries, the k loop's waits, the tail), not the bytes an SM takes. With the layers'
+dependencies (--deps, one run): own+deps 119.8 us (+30.6 over own's 89.2), mcast+deps 115.1
+(+35.3 over 79.8): a whole-layer counter costs this stream ~4 us a layer and multicast keeps
+only 4.7 us of its gain, so batch 64's <= 80 us is out of this stream's reach once each
+layer's A waits for the whole layer before it; only a finer wait (a stage's A for the two
+bands that wrote its k-rows) could take part of those 30 us back.
 
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
                                          [--reps 20] [--variants own,mcast,...] [--deps]
