@@ -1191,7 +1191,7 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
     finally:
         if prog is not None:
             prog.close()
-        del graph, case
+        graph = case = None   # torch's graph and buffers go before env.release()
         env.release()
     rank = {v: i for i, v in enumerate(W.CALL_VARIANTS)}
     results.sort(key=lambda r: rank[r["variant"]])

@@ -97,7 +97,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
 from megak.runtime.compiler import compile_source, compile_report, parse_ptxas_log  # noqa: E402
-from probe_ptx import MBARRIER  # noqa: E402  (tools/, the script's own folder)
+from probe_ptx import MBARRIER, allow_smem, kernel_functions, open_gpu  # noqa: E402  (tools/)
 
 PAGE = 16384
 MAX_SLOTS = 12
@@ -569,29 +569,18 @@ def compile_only(arch, compile_fn=None, entries=ENTRIES):
 
 def run(args):
     import numpy as np
-    from cuda.core import Device, ObjectCode
 
     from megak.runtime import memory as mem
-    from megak.runtime.driver import _bindings, check, device_attribute, device_info
+    from megak.runtime.driver import check, device_attribute
 
-    drv = _bindings()
-    dev = Device(0)
-    dev.set_current()
-    info = device_info(0)
+    drv, dev, info = open_gpu("bulk copies")
     n_sm = info["sm_count"]
-    if info["compute_capability"] < (9, 0):
-        raise SystemExit(f"{info['name']} is sm_{''.join(map(str, info['compute_capability']))}: "
-                         "bulk copies need sm_90")
     l2 = device_attribute("L2_CACHE_SIZE")
     compiled = compile_probe(info["arch"])
     regs = ptxas_summary(compiled)
-    code = ObjectCode.from_cubin(compiled.cubin)
-    fn = {e: check(drv.cuKernelGetFunction(code.get_kernel(e).handle), "cuKernelGetFunction")
-          for e in ENTRIES}
+    fn = kernel_functions(drv, compiled.cubin, ENTRIES)
     for e in ("bulk_copy", "bulk_copy_x", "reg_copy_u16", "reg_share_u16", "reg_band"):
-        check(drv.cuFuncSetAttribute(
-            fn[e], drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            SMEM), "cuFuncSetAttribute")
+        allow_smem(drv, fn[e], SMEM)
 
     def per_sm(e, block, smem):
         return check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn[e], block, smem),

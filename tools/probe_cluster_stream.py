@@ -94,7 +94,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a checkout
 
 from megak.runtime.compiler import compile_report, compile_source  # noqa: E402
-from probe_ptx import BULK_PRELUDE  # noqa: E402  (tools/, beside this file)
+from probe_ptx import BULK_PRELUDE, kernel_functions, open_gpu  # noqa: E402  (tools/)
 
 NAME = "cluster_stream"
 THREADS = 288                     # 8 consumer warps + the producer warp
@@ -785,27 +785,16 @@ def self_check(args) -> int:
 # ---- the GPU run ----------------------------------------------------------------------------
 
 def run(args):
-    from cuda.core import Device, ObjectCode
-
     from megak.runtime import memory as mem
-    from megak.runtime.driver import _bindings, check, device_info
+    from megak.runtime.driver import check
 
-    drv = _bindings()
-    dev = Device(0)
-    dev.set_current()
-    info = device_info(0)
-    if info["compute_capability"] < (9, 0):
-        raise SystemExit(f"{info['name']}: clusters and bulk copies need sm_90")
+    drv, dev, info = open_gpu("clusters and bulk copies")
     grid = info["sm_count"] // 2 * 2
     smem = info["smem_optin"]   # all of it: one block per SM whatever the ring
     stages, bands, ring = geometry(args, smem, grid // 2)
-    code = ObjectCode.from_cubin(compile_probe(info["arch"]).cubin)
-    fn = {v: check(drv.cuKernelGetFunction(code.get_kernel(entry(v)).handle),
-                   "cuKernelGetFunction") for v in args.variants}
-    for v in args.variants:
-        check(drv.cuFuncSetAttribute(
-            fn[v], drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem), "cuFuncSetAttribute")
+    fns = kernel_functions(drv, compile_probe(info["arch"]).cubin,
+                           {entry(v) for v in args.variants}, smem)
+    fn = {v: fns[entry(v)] for v in args.variants}
     stream = dev.create_stream()
     h = stream.handle
     cfg = launch_config(drv, grid, smem, h)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a c
 
 from megak.runtime.compiler import compile_source, parse_ptxas_log  # noqa: E402
 from probe_bulk_copy import DATA_AND_CHECK, compile_only  # noqa: E402  (tools/, beside this file)
+from probe_ptx import kernel_functions, open_gpu  # noqa: E402
 
 LOADS = {"cg": "ld.global.cg.v4.f32",
          "cg256": "ld.global.cg.L2::256B.v4.f32",
@@ -116,21 +117,15 @@ def compile_probe(arch):
 
 def run(args):
     import numpy as np
-    from cuda.core import Device, ObjectCode
 
     from megak.runtime import memory as mem
-    from megak.runtime.driver import _bindings, check, device_info
+    from megak.runtime.driver import check
 
-    drv = _bindings()
-    dev = Device(0)
-    dev.set_current()
-    info = device_info(0)
+    drv, dev, info = open_gpu()
     n_sm = info["sm_count"]
     compiled = compile_probe(info["arch"])
     regs = {e: parse_ptxas_log(compiled.log, e) for e in ENTRIES}
-    code = ObjectCode.from_cubin(compiled.cubin)
-    fn = {e: check(drv.cuKernelGetFunction(code.get_kernel(e).handle), "cuKernelGetFunction")
-          for e in ENTRIES}
+    fn = kernel_functions(drv, compiled.cubin, ENTRIES)
     nbytes = int(args.gib * (1 << 30)) // 16 * 16
     n16 = nbytes // 16
     m = mem.Memory(0)

@@ -3,8 +3,9 @@ each its own cubin): the mbarrier operations of the weight ring's protocol, as
 megak/device/stream.cuh spells them (MBARRIER: needs `u32` defined before it), the prelude
 of a protocol probe (PRELUDE: types, the clock, the mbarriers) and of the bulk-copy probes
 (BULK_PRELUDE: that, pages, the bulk copy, an L2 policy, a lane streaming HBM as the weight
-ring does), the `--compile-only` check, and loading a probe's kernel on the GPU with device
-memory that is freed on the way out (on_gpu)."""
+ring does), the `--compile-only` check, the GPU made current (open_gpu), a cubin's kernels
+(kernel_functions), and loading a probe's kernel on the GPU with device memory that is freed
+on the way out (on_gpu)."""
 import contextlib
 import time
 
@@ -37,21 +38,49 @@ def compile_only(compile_probe, entry: str) -> int:
     return 1 if problems else 0
 
 
-def load_kernel(compile_probe, entry: str, smem: int):
-    """Build the probe for this GPU and load its kernel, allowed `smem` bytes of dynamic shared
-    memory. Returns (driver bindings, the function, the device info, a cuda.core stream)."""
-    from cuda.core import Device, ObjectCode
+def open_gpu(needs: str = ""):
+    """GPU 0 made current: (driver bindings, its cuda.core Device, megak's device_info of it).
+    `needs`: what of the probe needs sm_90 (bulk copies, clusters); SystemExit on an older
+    GPU then."""
+    from cuda.core import Device
 
-    from megak.runtime.driver import _bindings, check, device_info
-    drv = _bindings()
+    from megak.runtime.driver import _bindings, device_info
     dev = Device(0)
     dev.set_current()
     info = device_info(0)
-    code = ObjectCode.from_cubin(compile_probe(info["arch"]).cubin)
-    fn = check(drv.cuKernelGetFunction(code.get_kernel(entry).handle), "cuKernelGetFunction")
+    if needs and info["compute_capability"] < (9, 0):
+        cc = "".join(map(str, info["compute_capability"]))
+        raise SystemExit(f"{info['name']} is sm_{cc}: {needs} need sm_90")
+    return _bindings(), dev, info
+
+
+def allow_smem(drv, fn, smem: int) -> None:
+    """Let kernel `fn` take `smem` bytes of dynamic shared memory."""
+    from megak.runtime.driver import check
     check(drv.cuFuncSetAttribute(
         fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
         "cuFuncSetAttribute")
+
+
+def kernel_functions(drv, cubin: bytes, entries, smem: int = 0) -> dict:
+    """entry -> the CUfunction of each of `entries` in a probe's cubin, each allowed `smem`
+    bytes of dynamic shared memory where smem is given."""
+    from cuda.core import ObjectCode
+
+    from megak.runtime.driver import check
+    code = ObjectCode.from_cubin(cubin)
+    fns = {e: check(drv.cuKernelGetFunction(code.get_kernel(e).handle), "cuKernelGetFunction")
+           for e in entries}
+    for fn in fns.values() if smem else ():
+        allow_smem(drv, fn, smem)
+    return fns
+
+
+def load_kernel(compile_probe, entry: str, smem: int):
+    """Build the probe for this GPU and load its kernel, allowed `smem` bytes of dynamic shared
+    memory. Returns (driver bindings, the function, the device info, a cuda.core stream)."""
+    drv, dev, info = open_gpu()
+    fn = kernel_functions(drv, compile_probe(info["arch"]).cubin, (entry,), smem)[entry]
     return drv, fn, info, dev.create_stream()
 
 
