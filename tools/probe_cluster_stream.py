@@ -72,8 +72,9 @@ boundaries, the k loop's waits, the tail), not the bytes an SM takes. With the l
 dependencies (--deps, one run): own+deps 119.8 us (+30.6 over own's 89.2), mcast+deps 115.1
 (+35.3 over 79.8): a whole-layer counter costs this stream ~4 us a layer and multicast keeps
 only 4.7 us of its gain, so batch 64's <= 80 us is out of this stream's reach once each
-layer's A waits for the whole layer before it; only a finer wait (a stage's A for the two
-bands that wrote its k-rows) could take part of those 30 us back.
+layer's A waits for the whole layer before it (every band of a layer ends at about the same
+time, so a finer wait would not take much of those 30 us back: the ring, full at the
+boundary, is what limits the stream there).
 
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
                                          [--reps 20] [--variants own,mcast,...] [--deps]
