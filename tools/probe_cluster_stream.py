@@ -51,6 +51,10 @@ out = A @ (sum over layers of W_l).
                   the real chain would also write each CTA's 32 x 64 outputs of layer l before
                   signalling, which is left out. The counters are zeroed once and only grow:
                   run e waits for e * 2 * bands (no memset between runs).
+  <variant>+deps-relaxed  (own, mcast) +deps with the layer's signal a relaxed add: the probe
+                  writes no outputs, so nothing needs its release; the difference to +deps is
+                  what the release fence costs, which waits for every bulk copy the SM has in
+                  flight (tools/probe_fence_load.py).
 
 Each variant: output poisoned (NaN), one checked run against numpy (exact: values are
 multiples of 1/64 in [-1, 1]; tolerance 1e-3 of sum |a||w|), then --reps timed runs (CUDA
@@ -115,7 +119,11 @@ VARIANTS = {"own": (False, True, False), "mcast": (True, True, False),
             "own-noA": (False, False, False), "mcast-noA": (True, False, False),
             "mcast-strict": (True, True, True)}
 DEPS = "+deps"   # a variant with A, its layers chained: "own+deps" (see "Layer dependencies")
-ALL_VARIANTS = tuple(VARIANTS) + tuple(v + DEPS for v, (_, a, _) in VARIANTS.items() if a)
+RELAXED = "+deps-relaxed"   # the same with the layer's signal relaxed: what its fence costs
+# suffix -> the kernel's DEPS form (0: layers independent, 1: release signal, 2: relaxed)
+DEPS_FORMS = {DEPS: 1, RELAXED: 2}
+ALL_VARIANTS = (tuple(VARIANTS) + tuple(v + DEPS for v, (_, a, _) in VARIANTS.items() if a)
+                + tuple(v + RELAXED for v, (_, a, strict) in VARIANTS.items() if a and not strict))
 ERRORS = {1: "bad arguments (ring {}, stages {})",
           2: "a ring of {} bytes does not fit the {} bytes of dynamic shared memory",
           3: "not launched as clusters of 2 (cluster size {}, rank {})",
@@ -126,8 +134,11 @@ ERRORS = {1: "bad arguments (ring {}, stages {})",
 
 
 def split(variant: str):
-    """'own+deps' -> ('own', True); 'own' -> ('own', False)."""
-    return (variant[:-len(DEPS)], True) if variant.endswith(DEPS) else (variant, False)
+    """'own+deps' -> ('own', 1); 'own+deps-relaxed' -> ('own', 2); 'own' -> ('own', 0)."""
+    for suffix, form in DEPS_FORMS.items():
+        if variant.endswith(suffix):
+            return variant[:-len(suffix)], form
+    return variant, 0
 
 
 def entry(variant: str) -> str:
@@ -460,21 +471,29 @@ __device__ __forceinline__ void produce_deps(const plan& P)
     }
 }
 
-/* +deps: lane 0 of a consumer warp, done with layer l (see "Layer dependencies"). */
+/* +deps: lane 0 of a consumer warp, done with layer l (see "Layer dependencies"). DEPS 2
+ * (+deps-relaxed) signals without the release: the probe writes no outputs, so nothing needs
+ * ordering before the add, and the difference to DEPS 1 is what the fence costs, which waits
+ * for every bulk copy the SM has in flight. */
+template <int DEPS>
 __device__ __forceinline__ void layer_done(const plan& P, u32 l)
 {
     u32 before;
     asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
                  : "=r"(before) : "r"(P.done0 + 4u * l) : "memory");
-    if (before == CONSUMERS - 1u)   /* the CTA's last warp done with l */
-        red_release_gpu(P.dep + l);
+    if (before == CONSUMERS - 1u) {   /* the CTA's last warp done with l */
+        if (DEPS == 2)
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(P.dep + l) : "memory");
+        else
+            red_release_gpu(P.dep + l);
+    }
 }
 
 /* Page layouts (the host's tiling, probe_cluster_stream.py b_offset / a_offset): B row k
  * (128 B) holds 8 chunks of 8 columns, chunk c at c ^ (k & 7); A row m (256 B) holds 16
  * chunks of 8 k, chunk c at c ^ (m & 7). An ldmatrix phase (8 lanes, 8 rows, one chunk)
  * then touches 8 distinct 16-B bank groups. */
-template <bool MCAST, bool HAS_A, bool STRICT, bool DEPS>
+template <bool MCAST, bool HAS_A, bool STRICT, int DEPS>
 __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float* red)
 {
     const u32 stage_bytes = HAS_A ? B_BYTES + A_BYTES : B_BYTES;
@@ -488,7 +507,7 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
             const u32 layer = pos / P.stages;
             if (lane == 0)
                 for (u32 l = done; l < layer; ++l)
-                    layer_done(P, l);
+                    layer_done<DEPS>(P, l);
             done = layer > done ? layer : done;
         }
         const u32 slot = pos % P.ring;
@@ -529,7 +548,7 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
     }
     if (DEPS && pos >= total && lane == 0)   /* not after an error: the others time out */
         for (u32 l = done; l + 1u < P.layers; ++l)
-            layer_done(P, l);
+            layer_done<DEPS>(P, l);
     /* the 8 warps' sums, one warp at a time (shared f32 atomics are CAS loops on sm_90) */
     const u32 g = lane >> 2, q = lane & 3u;
     for (u32 turn = 0; turn < CONSUMERS; ++turn) {
@@ -552,7 +571,7 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
         P.out[(u64)(32u * P.rank + i / 64u) * cols + 64u * P.band + i % 64u] = red[i];
 }
 
-template <bool MCAST, bool HAS_A, bool STRICT, bool DEPS>
+template <bool MCAST, bool HAS_A, bool STRICT, int DEPS>
 __device__ __forceinline__ void cluster_stream(const unsigned char* w, const unsigned char* act,
                                                float* out, u32 layers, u32 stages, u32 bands,
                                                u32 ring, u64 timeout_ns, u32* err, u32* dep,
@@ -902,10 +921,11 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20, help="timed runs per variant (default 20)")
     p.add_argument("--variants", default=",".join(VARIANTS),
                    help="comma list of " + ", ".join(VARIANTS) + " (default all), each with A "
-                   f"also as <variant>{DEPS}")
+                   f"also as <variant>{DEPS} and <variant>{RELAXED}")
     p.add_argument("--deps", action="store_true",
                    help=f"after the variants, each one with A again as <variant>{DEPS}: its "
-                   "layers chained through a counter in global memory")
+                   "layers chained through a counter in global memory, and (not the strict "
+                   f"one) as <variant>{RELAXED}: the same with a relaxed signal")
     p.add_argument("--timeout-s", type=float, default=1.0, help="device spin deadline (s)")
     p.add_argument("--json", default="", help="write the results here")
     p.add_argument("--compile-only", action="store_true",
@@ -918,8 +938,8 @@ def main(argv=None):
     if not args.variants or any(v not in ALL_VARIANTS for v in args.variants):
         p.error("--variants: a comma list of " + ", ".join(ALL_VARIANTS))
     if args.deps:
-        args.variants += [v + DEPS for v in args.variants
-                          if v + DEPS in ALL_VARIANTS and v + DEPS not in args.variants]
+        args.variants += [v + suffix for v in args.variants for suffix in DEPS_FORMS
+                          if v + suffix in ALL_VARIANTS and v + suffix not in args.variants]
     if args.reps < 1:
         p.error("--reps must be >= 1")
     if args.compile_only:
