@@ -78,7 +78,8 @@ dependencies (--deps, one run): own+deps 119.8 us (+30.6 over own's 89.2), mcast
 only 4.7 us of its gain, so batch 64's <= 80 us is out of this stream's reach once each
 layer's A waits for the whole layer before it (every band of a layer ends at about the same
 time, so a finer wait would not take much of those 30 us back: the ring, full at the
-boundary, is what limits the stream there).
+boundary, is what limits the stream there). Not the signal's fence: +deps-relaxed (two runs)
+118.9 / 119.0 us own, 112.5 / 112.7 mcast.
 
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
                                          [--reps 20] [--variants own,mcast,...] [--deps]
