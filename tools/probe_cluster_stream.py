@@ -55,6 +55,10 @@ out = A @ (sum over layers of W_l).
                   writes no outputs, so nothing needs its release; the difference to +deps is
                   what the release fence costs, which waits for every bulk copy the SM has in
                   flight (tools/probe_fence_load.py).
+  own+deps-pf, own+deps-relaxed-pf  those two (own only) with the boundary's HBM kept busy
+                  past the ring: while A waits for its layer and the ring stands full, the
+                  producer asks L2 for the next PF_STAGES (8) stages of B
+                  (cp.async.bulk.prefetch.L2), so their copies into the ring hit L2.
 
 Each variant: output poisoned (NaN), one checked run against numpy (exact: values are
 multiples of 1/64 in [-1, 1]; tolerance 1e-3 of sum |a||w|), then --reps timed runs (CUDA
@@ -121,10 +125,14 @@ VARIANTS = {"own": (False, True, False), "mcast": (True, True, False),
             "mcast-strict": (True, True, True)}
 DEPS = "+deps"   # a variant with A, its layers chained: "own+deps" (see "Layer dependencies")
 RELAXED = "+deps-relaxed"   # the same with the layer's signal relaxed: what its fence costs
-# suffix -> the kernel's DEPS form (0: layers independent, 1: release signal, 2: relaxed)
-DEPS_FORMS = {DEPS: 1, RELAXED: 2}
+PREFETCH = "-pf"            # +deps(-relaxed)-pf (own): B past the ring prefetched into L2
+PF_STAGES = 8               #   at a boundary, this many stages
+# suffix -> the kernel's DEPS form (0: layers independent, 1: release signal, 2: relaxed,
+# 3 and 4: those with the prefetch)
+DEPS_FORMS = {DEPS: 1, RELAXED: 2, DEPS + PREFETCH: 3, RELAXED + PREFETCH: 4}
 ALL_VARIANTS = (tuple(VARIANTS) + tuple(v + DEPS for v, (_, a, _) in VARIANTS.items() if a)
-                + tuple(v + RELAXED for v, (_, a, strict) in VARIANTS.items() if a and not strict))
+                + tuple(v + RELAXED for v, (_, a, strict) in VARIANTS.items() if a and not strict)
+                + ("own" + DEPS + PREFETCH, "own" + RELAXED + PREFETCH))
 ERRORS = {1: "bad arguments (ring {}, stages {})",
           2: "a ring of {} bytes does not fit the {} bytes of dynamic shared memory",
           3: "not launched as clusters of 2 (cluster size {}, rank {})",
@@ -155,6 +163,7 @@ SOURCE = BULK_PRELUDE + f"""
 #define A_BYTES {A_BYTES}u
 #define MAX_RING {MAX_RING}u
 #define MAX_LAYERS {MAX_LAYERS}u
+#define PF_STAGES {PF_STAGES}u
 #define DONE_OFF {DONE_OFF}u
 #define RED_OFF 1024u
 #define RING_OFF {RING_OFF}u
@@ -386,9 +395,13 @@ __device__ __forceinline__ void produce(const plan& P)
  *    fence to the async proxy, whose bulk copies are what read them. Layer 0 waits for
  *    nothing; B never waits (weights have no producer). Every CTA with work waits for every
  *    other, so all must be resident at once: the launch is cooperative (all of them are). */
-template <bool MCAST>
+template <bool MCAST, int DEPS>
 __device__ __forceinline__ void produce_deps(const plan& P)
 {
+    /* DEPS 3 and 4 (own+deps(-relaxed)-pf): while A waits at a boundary and the ring stands
+     * full, the B stages past it are asked into L2 (cp.async.bulk.prefetch.L2, PF_STAGES of
+     * them, once each), so that HBM keeps working for this SM beyond the ring's depth */
+    u32 pf_pos = 0;   /* the stages below it were prefetched, or issued */
     const u32 stage_bytes = B_BYTES + A_BYTES;
     const u64 pol_b = policy(false), pol_a = policy(true);
     const unsigned char* a_rank = P.act + (u64)P.rank * P.stages * A_BYTES;
@@ -425,6 +438,18 @@ __device__ __forceinline__ void produce_deps(const plan& P)
                 free = true;
             } else if (!free) {   /* A waits for its layer: one look, then back to dep[] */
                 free = mbar_test<MCAST>(empty, par);
+                if (DEPS >= 3 && !free) {
+                    pf_pos = pf_pos > b_pos ? pf_pos : b_pos;
+                    for (u32 s = b_s + (pf_pos - b_pos), l = b_l; pf_pos < b_pos + PF_STAGES &&
+                                                                 pf_pos < total; ++pf_pos) {
+                        if (s >= P.stages) { s -= P.stages; ++l; }
+                        const unsigned char* b =
+                            P.w + (((u64)l * P.bands + P.band) * P.stages + s) * B_BYTES;
+                        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
+                                     :: "l"(b), "r"((u32)B_BYTES) : "memory");
+                        ++s;
+                    }
+                }
             }
             if (free) {
                 const u32 full = P.full0 + 8u * b_slot, page = P.ring0 + b_slot * stage_bytes;
@@ -477,13 +502,13 @@ __device__ __forceinline__ void produce_deps(const plan& P)
  * ordering before the add, and the difference to DEPS 1 is what the fence costs, which waits
  * for every bulk copy the SM has in flight. */
 template <int DEPS>
-__device__ __forceinline__ void layer_done(const plan& P, u32 l)
+__device__ __forceinline__ void layer_done(const plan& P, u32 l)   /* DEPS 4: 2 + prefetch */
 {
     u32 before;
     asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
                  : "=r"(before) : "r"(P.done0 + 4u * l) : "memory");
     if (before == CONSUMERS - 1u) {   /* the CTA's last warp done with l */
-        if (DEPS == 2)
+        if (DEPS == 2 || DEPS == 4)
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(P.dep + l) : "memory");
         else
             red_release_gpu(P.dep + l);
@@ -614,7 +639,7 @@ __device__ __forceinline__ void cluster_stream(const unsigned char* w, const uns
         if (warp == CONSUMERS) {
             if (lane == 0) {
                 if (DEPS)
-                    produce_deps<MCAST>(P);
+                    produce_deps<MCAST, DEPS>(P);
                 else
                     produce<MCAST, HAS_A>(P);
             }
