@@ -83,7 +83,9 @@ only 4.7 us of its gain, so batch 64's <= 80 us is out of this stream's reach on
 layer's A waits for the whole layer before it (every band of a layer ends at about the same
 time, so a finer wait would not take much of those 30 us back: the ring, full at the
 boundary, is what limits the stream there). Not the signal's fence: +deps-relaxed (two runs)
-118.9 / 119.0 us own, 112.5 / 112.7 mcast.
+118.9 / 119.0 us own, 112.5 / 112.7 mcast. Nor HBM idle past the ring: the L2 prefetch at each
+boundary made it slower (own+deps-pf 122.7 / 123.1, own+deps-relaxed-pf 120.6 / 120.8 against
+119.3 / 119.5 and 118.3 / 118.9 in the same two runs).
 
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
                                          [--reps 20] [--variants own,mcast,...] [--deps]
