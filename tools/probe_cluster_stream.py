@@ -51,9 +51,10 @@ out = A @ (sum over layers of W_l).
                   the real chain would also write each CTA's 32 x 64 outputs of layer l before
                   signalling, which is left out. The counters are zeroed once and only grow:
                   run e waits for e * 2 * bands (no memset between runs).
-  <variant>+deps-relaxed  (own, mcast) +deps with the layer's signal a relaxed add: the probe
-                  writes no outputs, so nothing needs its release; the difference to +deps is
-                  what the release fence costs, which waits for every bulk copy the SM has in
+  <variant>+deps-relaxed  (own, mcast) +deps with no fence: the layer's signal a relaxed add
+                  and no acquire or proxy fence after the poll (the probe writes no outputs
+                  and A is never written, so nothing needs ordering); the difference to +deps
+                  is what the fences cost, which wait for every bulk copy the SM has in
                   flight (tools/probe_fence_load.py).
   own+deps-pf, own+deps-relaxed-pf  those two (own only) with the boundary's HBM kept busy
                   past the ring: while A waits for its layer and the ring stands full, the
@@ -87,9 +88,14 @@ boundary, is what limits the stream there). Not the signal's fence: +deps-relaxe
 boundary made it slower (own+deps-pf 122.7 / 123.1, own+deps-relaxed-pf 120.6 / 120.8 against
 119.3 / 119.5 and 118.3 / 118.9 in the same two runs).
 
+--marks: after the timed runs, one run of each +deps variant stamps its layer boundaries
+(%globaltimer per CTA and layer: the CTA's end of a layer, the producer seeing the layer done
+everywhere, the first stage of the next landed, its first stage past the ring issued) and the
+medians of the steps between are printed (boundary_steps).
+
     python tools/probe_cluster_stream.py [--layers 8] [--k 4096] [--n 4096] [--ring N]
                                          [--reps 20] [--variants own,mcast,...] [--deps]
-                                         [--json PATH]
+                                         [--marks] [--json PATH]
     python tools/probe_cluster_stream.py --compile-only   # no GPU: cubin for sm_90a, ptxas info
     python tools/probe_cluster_stream.py --self-check     # no GPU: tiling, reference, config
 """
@@ -129,6 +135,7 @@ DEPS = "+deps"   # a variant with A, its layers chained: "own+deps" (see "Layer 
 RELAXED = "+deps-relaxed"   # the same with the layer's signal relaxed: what its fence costs
 PREFETCH = "-pf"            # +deps(-relaxed)-pf (own): B past the ring prefetched into L2
 PF_STAGES = 8               #   at a boundary, this many stages
+MARKS = ("done", "seen", "landed", "refill")   # --marks: a boundary's steps (see mark())
 # suffix -> the kernel's DEPS form (0: layers independent, 1: release signal, 2: relaxed,
 # 3 and 4: those with the prefetch)
 DEPS_FORMS = {DEPS: 1, RELAXED: 2, DEPS + PREFETCH: 3, RELAXED + PREFETCH: 4}
@@ -166,6 +173,7 @@ SOURCE = BULK_PRELUDE + f"""
 #define MAX_RING {MAX_RING}u
 #define MAX_LAYERS {MAX_LAYERS}u
 #define PF_STAGES {PF_STAGES}u
+#define NMARK {len(MARKS)}u
 #define DONE_OFF {DONE_OFF}u
 #define RED_OFF 1024u
 #define RING_OFF {RING_OFF}u
@@ -320,7 +328,18 @@ struct plan {
     u32* err;
     u32* dep;                   /* +deps: [layer] CTAs done with it, never reset (see target) */
     u32 target, done0;          /* +deps: dep[l] when layer l is done this run; done[] words */
+    u64* marks;                 /* +deps, --marks: [block][layer][NMARK] %globaltimer, or null */
 };
+
+/* --marks (+deps variants): the steps of a layer boundary, per CTA and layer l (the host's
+ * MARKS names them): 0 the CTA done with l (its last warp, before the signal), 1 the producer
+ * saw layer l - 1 done everywhere (l >= 1), 2 warp 0's first stage of l landed (B and A),
+ * 3 the producer issued l's first stage past the ring (its refill from HBM). */
+__device__ __forceinline__ void mark(const plan& P, u32 l, u32 i)
+{
+    if (P.marks != nullptr && l < MAX_LAYERS)
+        P.marks[(blockIdx.x * MAX_LAYERS + l) * NMARK + i] = now();
+}
 
 /* Ordering, mcast (own is the one-CTA case of it: empty counts 1, no remote arrival):
  *  - init: thread 0 initialises the barriers, fence.mbarrier_init.release.cluster makes them
@@ -455,6 +474,8 @@ __device__ __forceinline__ void produce_deps(const plan& P)
             }
             if (free) {
                 const u32 full = P.full0 + 8u * b_slot, page = P.ring0 + b_slot * stage_bytes;
+                if (b_s == P.ring)
+                    mark(P, b_l, 3);
                 issued_publish(P.issued0 + 4u * b_slot, b_pos);
                 mbar_expect_tx(full, stage_bytes);
                 const unsigned char* b =
@@ -474,10 +495,13 @@ __device__ __forceinline__ void produce_deps(const plan& P)
                 if (!look || (int)(seen - P.target) < 0)   /* (a second layer in one pass, */
                     break;                                  /* a ring deeper: the next pass) */
                 look = false;
-                asm volatile("fence.acquire.gpu;" ::: "memory");
-                /* bulk copies (async proxy) will read what generic stores wrote before the
-                 * signals that read saw */
-                asm volatile("fence.proxy.async.global;" ::: "memory");
+                mark(P, a_l, 1);
+                if (DEPS != 2 && DEPS != 4) {   /* the relaxed forms: A is never written */
+                    asm volatile("fence.acquire.gpu;" ::: "memory");
+                    /* bulk copies (async proxy) will read what generic stores wrote before
+                     * the signals that read saw */
+                    asm volatile("fence.proxy.async.global;" ::: "memory");
+                }
                 ready = a_l + 1u;
             }
             bulk_load(at(P.ring0 + a_slot * stage_bytes + B_BYTES), a_rank + (u64)a_s * A_BYTES,
@@ -510,6 +534,7 @@ __device__ __forceinline__ void layer_done(const plan& P, u32 l)   /* DEPS 4: 2 
     asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], 1;"
                  : "=r"(before) : "r"(P.done0 + 4u * l) : "memory");
     if (before == CONSUMERS - 1u) {   /* the CTA's last warp done with l */
+        mark(P, l, 0);
         if (DEPS == 2 || DEPS == 4)
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(P.dep + l) : "memory");
         else
@@ -544,6 +569,8 @@ __device__ __forceinline__ void consume(const plan& P, u32 warp, u32 lane, float
             if (lane == 0) fail(P.err, E_FULL, pos, slot);
             break;
         }
+        if (DEPS && lane == 0 && pos % P.stages == 0u)   /* warp 0: a layer's first stage */
+            mark(P, pos / P.stages, 2);
         const u32 page_b = P.ring0 + slot * stage_bytes, page_a = page_b + B_BYTES;
 #pragma unroll
         for (u32 kk = 0; kk < 8; ++kk) {   /* k16 steps of the stage */
@@ -603,7 +630,7 @@ template <bool MCAST, bool HAS_A, bool STRICT, int DEPS>
 __device__ __forceinline__ void cluster_stream(const unsigned char* w, const unsigned char* act,
                                                float* out, u32 layers, u32 stages, u32 bands,
                                                u32 ring, u64 timeout_ns, u32* err, u32* dep,
-                                               u32 epoch)
+                                               u32 epoch, u64* marks)
 {
     const u32 stage_bytes = HAS_A ? B_BYTES + A_BYTES : B_BYTES;
     const u32 tid = threadIdx.x, warp = tid >> 5, lane = tid & 31u;
@@ -611,7 +638,7 @@ __device__ __forceinline__ void cluster_stream(const unsigned char* w, const uns
     const u32 base = sa(smem) + pad;   /* full[], empty[], issued[], done[], reduce, the ring */
     plan P = {w, act, out, layers, stages, bands, ring, cta_rank(), cluster_index(), base,
               base + 8u * MAX_RING, base + 16u * MAX_RING, base + RING_OFF, timeout_ns, err,
-              dep, epoch * 2u * bands, base + DONE_OFF};
+              dep, epoch * 2u * bands, base + DONE_OFF, marks};
     float* red = reinterpret_cast<float*>(smem + pad + RED_OFF);
     bool ok = false;
     if (cluster_ctas() != 2u || P.rank != (blockIdx.x & 1u)) {
@@ -655,9 +682,9 @@ __device__ __forceinline__ void cluster_stream(const unsigned char* w, const uns
 #define ENTRY(name, MCAST, HAS_A, STRICT, DEPS)                                                \
 extern "C" __global__ void __launch_bounds__(THREADS, 1)                                       \
 name(const unsigned char* w, const unsigned char* act, float* out, u32 layers, u32 stages,     \
-     u32 bands, u32 ring, u64 timeout_ns, u32* err, u32* dep, u32 epoch)                       \
+     u32 bands, u32 ring, u64 timeout_ns, u32* err, u32* dep, u32 epoch, u64* marks)           \
 { cluster_stream<MCAST, HAS_A, STRICT, DEPS>(w, act, out, layers, stages, bands, ring,          \
-                                             timeout_ns, err, dep, epoch); }
+                                             timeout_ns, err, dep, epoch, marks); }
 """ + "\n".join("ENTRY({}, {}, {}, {}, {})".format(
     entry(v), *(str(x).lower() for x in VARIANTS[split(v)[0]] + (split(v)[1],)))
     for v in ALL_VARIANTS) + "\n"
@@ -762,6 +789,23 @@ def launch_config(drv, grid, smem, stream=0):
     return cfg
 
 
+def boundary_steps(marks) -> dict:
+    """A layer boundary's steps in us from --marks' stamps (ns; [CTA][layer][MARKS], the CTAs
+    with work): per CTA and layer l >= 1, `wait for the last CTA` (the last CTA's end of
+    l - 1 minus this CTA's), `poll` (that end to the producer seeing it), `A lands` (seen to
+    its first stage of l read), `refill` (that to the first stage past the ring issued) and
+    `layer` (end of l - 1 to end of l); medians over CTAs and layers (the last layer's end is
+    not stamped: it signals nothing)."""
+    done, seen, landed, refill = (marks[:, :, i] for i in range(len(MARKS)))
+    last = done.max(axis=0)   # per layer: the last CTA's end
+    steps = {"wait for the last CTA": last[None, :-1] - done[:, :-1],
+             "poll": seen[:, 1:] - last[None, :-1],
+             "A lands": landed[:, 1:] - seen[:, 1:],
+             "refill": refill[:, 1:] - landed[:, 1:],
+             "layer": done[:, 1:-1] - done[:, :-2]}
+    return {k: float(np.median(x)) / 1e3 if x.size else float("nan") for k, x in steps.items()}
+
+
 def ring_fits(smem, with_a):
     return (smem - ALIGN_SLACK - RING_OFF) // (B_BYTES + (A_BYTES if with_a else 0))
 
@@ -826,7 +870,18 @@ def self_check(args) -> int:
           f"{ring} (noA alone: {min(MAX_RING, ring_fits(H200_SMEM_OPTIN, False))}); implied "
           "L2->SM MB per chain: " + ", ".join(
               f"{v} {implied_l2_bytes(v, args.layers, args.k, bd) / 1e6:.0f}" for v in VARIANTS))
-    print("OK: self-check (tiling, reference, launch config)")
+    # boundary_steps on stamps made up for 2 CTAs and 3 layers (ns): CTA 1 ends each layer
+    # 1 us after CTA 0, both see it 0.5 us later, land A 2 us after that, refill 1 us later
+    t = np.zeros((2, 3, len(MARKS)), np.int64)
+    for l in range(3):
+        t[:, l, 0] = [10_000 * l, 10_000 * l + 1_000]
+        t[:, l, 1] = 10_000 * (l - 1) + 1_500 if l else 0
+        t[:, l, 2] = t[:, l, 1] + 2_000
+        t[:, l, 3] = t[:, l, 2] + 1_000
+    got = boundary_steps(t)
+    assert got == {"wait for the last CTA": 0.5, "poll": 0.5, "A lands": 2.0, "refill": 1.0,
+                   "layer": 10.0}, got
+    print("OK: self-check (tiling, reference, launch config, boundary steps)")
     return 0
 
 
@@ -873,7 +928,9 @@ def run(args):
 
     epoch = 0   # +deps runs so far: the counters stand at epoch * 2 * bands between runs
 
-    def launch(variant):
+    marks = m.device(grid * MAX_LAYERS * len(MARKS) * 8, "boundary marks") if args.marks else None
+
+    def launch(variant, marked=False):
         nonlocal epoch
         if split(variant)[1]:
             epoch += 1
@@ -881,7 +938,8 @@ def run(args):
                 ctypes.c_uint32(args.layers), ctypes.c_uint32(stages), ctypes.c_uint32(bands),
                 ctypes.c_uint32(ring), ctypes.c_uint64(int(args.timeout_s * 1e9)),
                 ctypes.c_uint64(err.ptr), ctypes.c_uint64(dep.ptr),
-                ctypes.c_uint32(epoch & 0xFFFFFFFF)]
+                ctypes.c_uint32(epoch & 0xFFFFFFFF),
+                ctypes.c_uint64(marks.ptr if marked else 0)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         check(drv.cuLaunchKernelEx(cfg, fn[variant], ctypes.addressof(argv), 0), "cuLaunchKernelEx")
 
@@ -927,6 +985,18 @@ def run(args):
         print(f"{v:<18}{med:>9.1f}{min(ts):>9.1f}{max(ts):>9.1f}{ratio:>7}{extra:>7}"
               f"{b_total / med / 1e6:>8.2f}{l2 / 1e6:>11.0f}{l2 / med / 1e6:>7.2f}"
               f"{worst:>9.3f}", flush=True)
+    for v in (v for v in args.variants if marks is not None and split(v)[1]):
+        mem.memset32(marks.ptr, 0, marks.nbytes // 4, h)
+        mem.memset32(err.ptr, 0, 4, h)
+        launch(v, marked=True)
+        check(drv.cuStreamSynchronize(h), f"{v} (marked run)")
+        raise_on_error(v)
+        host_marks = np.empty((grid, MAX_LAYERS, len(MARKS)), np.uint64)
+        check(drv.cuMemcpyDtoH(host_marks.ctypes.data, marks.ptr, marks.nbytes), "cuMemcpyDtoH")
+        steps = boundary_steps(host_marks[:2 * bands, :args.layers].astype(np.int64))
+        next(r for r in rows if r["variant"] == v)["boundary_us"] = steps
+        print(f"{v} boundary (us, medians over CTAs and layers 1-{args.layers - 1}): " +
+              ", ".join(f"{k} {x:.2f}" for k, x in steps.items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"device": info["name"], "grid": grid, "clusters": grid // 2, "bands": bands,
@@ -954,6 +1024,9 @@ def main(argv=None):
                    help=f"after the variants, each one with A again as <variant>{DEPS}: its "
                    "layers chained through a counter in global memory, and (not the strict "
                    f"one) as <variant>{RELAXED}: the same with a relaxed signal")
+    p.add_argument("--marks", action="store_true",
+                   help="after the timed runs, one run of each +deps variant stamping its "
+                   "layer boundaries' steps (%%globaltimer), their medians printed")
     p.add_argument("--timeout-s", type=float, default=1.0, help="device spin deadline (s)")
     p.add_argument("--json", default="", help="write the results here")
     p.add_argument("--compile-only", action="store_true",
