@@ -86,7 +86,10 @@ time, so a finer wait would not take much of those 30 us back: the ring, full at
 boundary, is what limits the stream there). Not the signal's fence: +deps-relaxed (two runs)
 118.9 / 119.0 us own, 112.5 / 112.7 mcast. Nor HBM idle past the ring: the L2 prefetch at each
 boundary made it slower (own+deps-pf 122.7 / 123.1, own+deps-relaxed-pf 120.6 / 120.8 against
-119.3 / 119.5 and 118.3 / 118.9 in the same two runs).
+119.3 / 119.5 and 118.3 / 118.9 in the same two runs). --marks (own+deps, two runs): the
+last CTA's end waited for 0.38-0.42 us, its end to the producer seeing it 1.34-1.44, then the
+next layer's first stage landed 0.45-0.48, its first refill issued 0.96-0.99 later: 3.2-3.3 us
+a boundary, the ring held by B pages that wait for their A.
 
 --marks: after the timed runs, one run of each +deps variant stamps its layer boundaries
 (%globaltimer per CTA and layer: the CTA's end of a layer, the producer seeing the layer done
