@@ -1027,18 +1027,14 @@ def time_in_turn(calls: dict, on_fail, rounds: int = CALL_ROUNDS,
                 continue
             try:
                 c.before()
-                times = np.empty(n, dtype=np.float64)
-                for i in range(n):
-                    t0 = clock()
-                    c.fn()
-                    times[i] = clock() - t0
+                times = time_calls(c.fn, n, 0, clock)
                 checked[name] = c.after()
             except Exception as exc:
                 del live[name]
                 on_fail(name, exc)
                 continue
             blocks[name].append(times)
-    return {name: (np.concatenate(blocks[name]) / 1e3, checked[name]) for name in live}
+    return {name: (np.concatenate(blocks[name]), checked[name]) for name in live}
 
 
 def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator, log=print,
@@ -1103,10 +1099,12 @@ def run_call_workload(w: W.Workload, quick: bool, env, rng: np.random.Generator,
 
             def poison_outs():
                 env.poison_tensors(outs.values())   # a variant that skips work then fails
+
+            def check_megak(v):
+                return w.check(ref, env.fetch_tensors(outs), f"{v} (outputs of the timed runs)")
             for v, fn in (("megak_run", call), ("megak_bound", bound.run)):
-                calls[v] = TimedCall(fn, *_reps(w, v, quick), poison_outs, functools.partial(
-                    lambda v: w.check(ref, env.fetch_tensors(outs),
-                                      f"{v} (outputs of the timed runs)"), v))
+                calls[v] = TimedCall(fn, *_reps(w, v, quick), poison_outs,
+                                     functools.partial(check_megak, v))
 
         # -- torch and torch_graph, each call synchronised ------------------------------------
         try:

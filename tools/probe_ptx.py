@@ -71,8 +71,9 @@ def kernel_functions(drv, cubin: bytes, entries, smem: int = 0) -> dict:
     code = ObjectCode.from_cubin(cubin)
     fns = {e: check(drv.cuKernelGetFunction(code.get_kernel(e).handle), "cuKernelGetFunction")
            for e in entries}
-    for fn in fns.values() if smem else ():
-        allow_smem(drv, fn, smem)
+    if smem:
+        for fn in fns.values():
+            allow_smem(drv, fn, smem)
     return fns
 
 
