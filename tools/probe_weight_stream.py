@@ -25,6 +25,16 @@ Reports TB/s of weights (median of 5).
 
     python tools/probe_weight_stream.py            # the sweep below
     python tools/probe_weight_stream.py --shapes   # the box shapes, caps and A copies
+    python tools/probe_weight_stream.py --layouts  # boxes of 64 / 32 columns against packed
+
+`layout` (--layouts): 0 = the boxes above; 2 = megak's narrow stage (two 32-column x 128-row
+boxes, 64-B swizzle, stacked in k: 32 columns x 256 k-rows a page, N / 32 bands); 1 = packed:
+every unit's 16 KiB contiguous in memory, in the order the SMs read them (a weight layout made
+for the stream), one 1-D bulk copy each (the page's contents are not the boxes' layout: the
+MMAs time the same work on other bytes). On the H200 (2026-12-04, two rounds, R = 10,
+benchmarks/results/boundary/layouts.log), TB/s of the 268 MB: free-running boxes64 3.53 / 3.57,
+narrow32 3.11 / 3.17, packed 3.78 / 3.78; behind the grid barrier between layers 3.21 / 3.19,
+3.11 / 3.12, 3.26 / 3.29 (82.4 / 81.7 us packed, 85.9 / 86.2 narrow32).
 """
 import ctypes
 import statistics
@@ -55,7 +65,8 @@ __device__ __forceinline__ void mbar_wait(u64* b, u32 par) { while (!mbar_try(b,
 
 extern "C" __global__ void __launch_bounds__(320, 1)
 probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 layers, u32 K,
-      u32 N, u32 R, u32 sync, u32 use_a, u32 hint, u32 wide, float* sink, u32 cap, u32 rows)
+      u32 N, u32 R, u32 sync, u32 use_a, u32 hint, u32 wide, float* sink, u32 cap, u32 rows,
+      const unsigned char* wbytes, u32 layout)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     unsigned char* pages = (unsigned char*)(((unsigned long long)smem + 1023) & ~1023ull);
@@ -73,7 +84,7 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
     __syncthreads();
     /* a unit = one page: `boxes` adjacent 64-column boxes of `rows` k-rows */
     const u32 boxes = 128 / rows, bands = N / (64 * boxes), kblocks = K / rows,
-              units = bands * kblocks;
+              units = layout == 2 ? (N / 32) * (K / 256) : bands * kblocks;
     const void* tmap = tmaps + 128 * (rows == 128 ? 0 : rows == 64 ? 1 : 2);
     const u32 g = gridDim.x, b = blockIdx.x;
     const u32 u0 = (u64)units * b / g, u1 = (u64)units * (b + 1) / g;
@@ -115,6 +126,25 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
                 if (pos >= R) mbar_wait(&empty[slot], ((pos / R) - 1) & 1);
                 if (cap && pos >= cap) mbar_wait(&full[(pos - cap) % R], ((pos - cap) / R) & 1);
                 mbar_expect(&full[slot], PAGE);
+                if (layout == 1) {   /* packed: unit u of layer l is 16 KiB at (l units + u) PAGE */
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                                 " [%0], [%1], %2, [%3], %4;"
+                                 :: "r"(sa(pages + slot * PAGE)),
+                                    "l"(wbytes + ((u64)l * units + u) * PAGE), "r"((u32)PAGE),
+                                    "r"(sa(&full[slot])), "l"(pol) : "memory");
+                    continue;
+                }
+                if (layout == 2) {   /* narrow: 32 columns x 256 k-rows, two boxes of 128 */
+                    const u32 kb = K / 256, band = u / kb;
+                    const int c0 = (int)(band * 32), r0 = (int)(l * K + (u % kb) * 256);
+                    for (u32 x = 0; x < 2; ++x)
+                        asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                                     " [%0], [%1, {%2, %3}], [%4], %5;"
+                                     :: "r"(sa(pages + slot * PAGE + x * (PAGE / 2))), "l"(tmaps + 4 * 128),
+                                        "r"(c0), "r"(r0 + (int)(128 * x)), "r"(sa(&full[slot])),
+                                        "l"(pol) : "memory");
+                    continue;
+                }
                 const u32 grp = u / (kblocks * wide), in = u % (kblocks * wide);
                 const int c0 = (int)((grp * wide + in % wide) * 64 * boxes);
                 const int r0 = (int)(l * K + (in / wide) * rows);
@@ -210,7 +240,7 @@ probe(const unsigned char* tmaps, const unsigned short* act, u32* grid_ctr, u32 
 """
 
 
-def main(shapes: bool = False):
+def main(shapes: bool = False, layouts: bool = False):
     drv = _bindings()
     from cuda.core import Device, ObjectCode
     dev = Device(0)
@@ -237,33 +267,37 @@ def main(shapes: bool = False):
     mem.memset32(act.ptr, 0x3F803F80, 4 * layers * 16 * K // 2, h)
     T = drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
 
-    def encode(box_rows, ptr=w.ptr, cols=N, rows=layers * K):
+    def encode(box_rows, ptr=w.ptr, cols=N, rows=layers * K, box_cols=64):
+        swz = (drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if box_cols == 64
+               else drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B)
         tm = check(drv.cuTensorMapEncodeTiled(
             T, 2, ptr, [drv.cuuint64_t(cols), drv.cuuint64_t(rows)], [drv.cuuint64_t(cols * 2)],
-            [drv.cuuint32_t(64), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
+            [drv.cuuint32_t(box_cols), drv.cuuint32_t(box_rows)], [drv.cuuint32_t(1), drv.cuuint32_t(1)],
             drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-            drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+            swz,
             drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "encode")
         return np.array([int(x) for x in tm.opaque], dtype=np.uint64)
 
     # the weights in boxes of 128, 64 and 32 k-rows; the activation (a=4) in boxes of 16 rows
-    tmap = m.device(4 * 128, "tmaps")
-    staging = m.pinned(4 * 128, "tmap staging")
-    staging.array(np.uint64, (64,))[:] = np.concatenate(
-        [encode(r) for r in (128, 64, 32)] + [encode(16, act.ptr, K, layers * 16)])
-    mem.htod(tmap.ptr, staging.ptr, 4 * 128, h)
+    tmap = m.device(5 * 128, "tmaps")
+    staging = m.pinned(5 * 128, "tmap staging")
+    staging.array(np.uint64, (80,))[:] = np.concatenate(
+        [encode(r) for r in (128, 64, 32)] + [encode(16, act.ptr, K, layers * 16)]
+        + [encode(128, box_cols=32)])
+    mem.htod(tmap.ptr, staging.ptr, 5 * 128, h)
     check(drv.cuStreamSynchronize(h), "sync")
     start, end = (check(drv.cuEventCreate(0), "event") for _ in range(2))
 
-    def run(R, sync, use_a, hint, wide=1, cap=0, rows=128):
+    def run(R, sync, use_a, hint, wide=1, cap=0, rows=128, layout=0):
         assert use_a != 4 or (R <= 11 and rows == 128), "a=4: the A ring takes pages 11-12"
         mem.memset32(ctr.ptr, 0, 16, h)
         vals = [ctypes.c_uint64(tmap.ptr), ctypes.c_uint64(act.ptr), ctypes.c_uint64(ctr.ptr),
                 ctypes.c_uint32(layers), ctypes.c_uint32(K), ctypes.c_uint32(N),
                 ctypes.c_uint32(R), ctypes.c_uint32(sync), ctypes.c_uint32(use_a),
                 ctypes.c_uint32(hint), ctypes.c_uint32(wide), ctypes.c_uint64(sink.ptr),
-                ctypes.c_uint32(cap), ctypes.c_uint32(rows)]
+                ctypes.c_uint32(cap), ctypes.c_uint32(rows), ctypes.c_uint64(w.ptr),
+                ctypes.c_uint32(layout)]
         argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
         check(drv.cuEventRecord(start, h), "record")
         check(drv.cuLaunchCooperativeKernel(func, n_sm, 1, 1, 320, 1, 1, smem, h,
@@ -274,6 +308,18 @@ def main(shapes: bool = False):
 
     nbytes = layers * K * N * 2
     print(f"{n_sm} SMs, {layers} x {K} x {N} bf16 = {nbytes / 1e6:.0f} MB of weights")
+    if layouts:
+        # the same bytes and order per SM as 64-column boxes (megak's wide bands), as two
+        # 32-column boxes per page (its narrow bands), or packed (each unit 16 KiB contiguous)
+        for rnd in range(2):
+            for sync in (0, 1):
+                for layout, name in ((0, "boxes64"), (2, "narrow32"), (1, "packed")):
+                    ts = [run(10, sync, 0, 1, 1, 0, 128, layout) for _ in range(8)][1:]
+                    t = statistics.median(ts)
+                    print(f"round {rnd} R=10 sync={sync} {name:9s}: {t:7.1f} us "
+                          f"{nbytes / t / 1e6:5.2f} TB/s", flush=True)
+        m.close()
+        return
     if shapes:
         # every SM a share, layers behind a grid barrier; A none / 4 pages ahead / from copies
         for R in (8, 10):
@@ -298,4 +344,4 @@ def main(shapes: bool = False):
 
 if __name__ == "__main__":
     import sys
-    main(shapes="--shapes" in sys.argv[1:])
+    main(shapes="--shapes" in sys.argv[1:], layouts="--layouts" in sys.argv[1:])
