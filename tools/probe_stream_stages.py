@@ -63,7 +63,9 @@ the streamer issues the next streamed record's stages (all, or all past its firs
 once the compute warps finished the current record's k loop (so the ring stands free when its
 tail starts; correct results), alone, `-nohold` and `-nofence-nohold` (timing only);
 `holdshort` / `holdshort1`, the hold raised at the k loop's start where the record's stages are
-at most half / all of the ring (correct results). Cases: the W2 chains of the report, batch 1
+at most half / all of the ring (correct results); `packed`, every stage one contiguous 1-D bulk
+copy of the same bytes per SM (the DRAM pattern of weights packed for the stream; timing
+only). Cases: the W2 chains of the report, batch 1
 included (4096x8-b1: timing only, the 1-8 row loop carries no stage marks).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU (the
 build the runtime picks for the chains: their bodies, MK_BODIES, instr.h).
@@ -704,6 +706,40 @@ def hold_short(num, den):
              "        mk_stream_hold(ctl, 1u);\n")]
 
 
+# Weights in a layout made for the stream (timing only): each stage read as ONE contiguous 1-D
+# bulk copy of its bytes (16 KiB, or 8 KiB for a narrow stage without its second box) from the
+# record's B tensor at (band * stages per band + stage) pages, where a band is the record's
+# col0 / box columns: the same bytes per SM in the same order as a packed copy of the weights
+# would hold them (page images pre-swizzled on the host), so the DRAM sees whole 16 KiB runs
+# instead of 64- or 128-B row segments (tools/probe_weight_stream.py --layouts: 3.78 against
+# 3.11 / 3.55 TB/s free-running). The pages hold other bytes: the results are wrong.
+_PACKED = [
+    ("            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n",
+     "            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n"
+     "            const mk_tensor* pk_t = reinterpret_cast<const mk_tensor*>(p.tensors) + in.tensor[MK_ARG_B];\n"
+     "            const mk_u64 pk_ptr = pk_t->ptr;\n"
+     "            const mk_u64 pk_bytes = (mk_u64)pk_t->rows * pk_t->ld * 2u;\n"
+     "            const mk_u64 pk_band = (mk_u64)(pk_t->rows + stage_rows - 1) / stage_rows;\n"
+     "            const mk_u64 pk_first = ((mk_u64)((mk_u32)c0 / (narrow ? 32u : 64u)) * pk_band\n"
+     "                                     + (mk_u32)r0 / stage_rows) * MK_PAGE_BYTES;\n"),
+    ("                mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);\n"
+     "                if (second)\n"
+     "                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,\n"
+     "                                   &ctl.ring_full[slot], policy);\n",
+     "                {\n"
+     "                    const mk_u32 pk_n = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;\n"
+     "                    mk_u64 pk_off = pk_first + (mk_u64)s * MK_PAGE_BYTES;\n"
+     "                    if (pk_off + pk_n > pk_bytes)\n"
+     "                        pk_off = 0;\n"
+     "                    (void)tmap; (void)k;\n"
+     "                    asm volatile(\"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes\"\n"
+     "                                 \".L2::cache_hint [%0], [%1], %2, [%3], %4;\"\n"
+     "                                 : : \"r\"(dst), \"l\"(pk_ptr + pk_off), \"r\"(pk_n),\n"
+     "                                     \"r\"(mk_smem_addr(&ctl.ring_full[slot])), \"l\"(policy) : \"memory\");\n"
+     "                }\n"),
+]
+
+
 VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "cap2": cap(2), "cap3": cap(3), "cap4": cap(4), "cap6": cap(6),
             "flagcombine": _FLAG_COMBINE, "noA": _NO_A, "noA-cap4": _NO_A + cap(4),
@@ -732,7 +768,8 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "gate-nofence-nohold": tail_gate(0) + _NO_FENCE + _NO_HOLD,
             "gate4-nofence-nohold": tail_gate(4) + _NO_FENCE + _NO_HOLD,
             "gate6-nofence-nohold": tail_gate(6) + _NO_FENCE + _NO_HOLD,
-            "holdshort": hold_short(1, 2), "holdshort1": hold_short(1, 1)}
+            "holdshort": hold_short(1, 2), "holdshort1": hold_short(1, 1),
+            "packed": _PACKED}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
