@@ -65,7 +65,8 @@ tail starts; correct results), alone, `-nohold` and `-nofence-nohold` (timing on
 `holdshort` / `holdshort1`, the hold raised at the k loop's start where the record's stages are
 at most half / all of the ring (correct results); `packed`, every stage one contiguous 1-D bulk
 copy of the same bytes per SM (the DRAM pattern of weights packed for the stream; timing
-only). Cases: the W2 chains of the report, batch 1
+only), and with no synchronisation at all (`packed-nodeps-nofence-nohold`: the ceiling of the
+structure). Cases: the W2 chains of the report, batch 1
 included (4096x8-b1: timing only, the 1-8 row loop carries no stage marks).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU (the
 build the runtime picks for the chains: their bodies, MK_BODIES, instr.h).
@@ -769,7 +770,7 @@ VARIANTS = {"asbuilt": [], "lean": _LEAN,
             "gate4-nofence-nohold": tail_gate(4) + _NO_FENCE + _NO_HOLD,
             "gate6-nofence-nohold": tail_gate(6) + _NO_FENCE + _NO_HOLD,
             "holdshort": hold_short(1, 2), "holdshort1": hold_short(1, 1),
-            "packed": _PACKED}
+            "packed": _PACKED, "packed-nodeps-nofence-nohold": _PACKED + _NO_DEPS + _NO_FENCE + _NO_HOLD}
 
 # the op's tail after its k loop (gemm_stream.cuh, mk_gemm_stream_run)
 _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
