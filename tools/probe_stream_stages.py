@@ -66,8 +66,8 @@ tail starts; correct results), alone, `-nohold` and `-nofence-nohold` (timing on
 at most half / all of the ring (correct results); `packed`, every stage one contiguous 1-D bulk
 copy of the same bytes per SM (the DRAM pattern of weights packed for the stream; timing
 only), and with no synchronisation at all (`packed-nodeps-nofence-nohold`: the ceiling of the
-structure). Cases: the W2 chains of the report, batch 1
-included (4096x8-b1: timing only, the 1-8 row loop carries no stage marks).
+structure). Cases: the W2 chains of the report, batch 1 included (4096x8-b1: timing only,
+the 1-8 row loop carries no stage marks).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU (the
 build the runtime picks for the chains: their bodies, MK_BODIES, instr.h).
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
@@ -696,7 +696,7 @@ def tail_gate(c):
     ]
 
 
-# The hold raised at the k loop's start where the instruction's stages are at most `frac` of
+# The hold raised at the k loop's start where the instruction's stages are at most num / den of
 # the ring (the ring then stands at least one such instruction ahead, the chain waits on its
 # dependencies, not on HBM): the copies its k loop frees would otherwise be in flight at its
 # signal, whose release fence waits for them (1024 x 16: nofence-nohold 66.8 us against 72.8).
