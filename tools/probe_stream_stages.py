@@ -66,8 +66,8 @@ tail starts; correct results), alone, `-nohold` and `-nofence-nohold` (timing on
 at most half / all of the ring (correct results); `packed`, every stage one contiguous 1-D bulk
 copy of the same bytes per SM (the DRAM pattern of weights packed for the stream; timing
 only), and with no synchronisation at all (`packed-nodeps-nofence-nohold`: the ceiling of the
-structure). Cases: the W2 chains of the report, batch 1 included (4096x8-b1: timing only,
-the 1-8 row loop carries no stage marks).
+structure). Cases: the W2 chains of the report, batch 1 included (the 1-8 row loop carries the
+stage marks too).
 `--compile-only` fills the compile cache (XDG_CACHE_HOME) for every build without a GPU (the
 build the runtime picks for the chains: their bodies, MK_BODIES, instr.h).
 The cache key holds the NVRTC version: filled where NVRTC differs from the GPU machine's, it
@@ -836,6 +836,23 @@ MARKS = [
     ("        __syncwarp();\n        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n",
      "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
      "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
+    # the same in the 1-8 row loop (its A chunk of the next turn is requested at this turn's
+    # start, so "A wait" there is this turn's chunk, requested a turn earlier)
+    ("#pragma unroll 1\n    for (int s = s0; s < nst; s += step) {\n"
+     "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n",
+     "    if (threadIdx.x == 0) MKP(pages.stream_pos, 1);\n"
+     "#pragma unroll 1\n    for (int s = s0; s < nst; s += step) {\n"
+     "        const mk_u32 pos = pages.stream_pos + (mk_u32)s;\n"
+     "        if (lane == 0) MKP(pos, 9);\n"),
+    ("        const bool landed = __all_sync(~0u, mk_stream_wait_full(ctl, slot, pos, parity));\n",
+     "        const bool landed = __all_sync(~0u, mk_stream_wait_full(ctl, slot, pos, parity));\n"
+     "        if (lane == 0) MKP(pos, 3);\n"),
+    ("        __syncwarp();                         /* every lane's copies of it visible to the warp */\n",
+     "        __syncwarp();                         /* every lane's copies of it visible to the warp */\n"
+     "        if (lane == 0) MKP(pos, 2);\n"),
+    ("        __syncwarp();\n        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */\n",
+     "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
+     "        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
     ("    mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */\n",
@@ -1009,7 +1026,7 @@ def analyse_layers(m, layers):
         for p in np.nonzero(r[:, 1])[0]:
             ins.append((r[p, 1], r[p, 8]))
     ins.sort()
-    if layers < 2 or not ins or len(ins) % layers:   # (the 1-8 row loop carries no marks)
+    if layers < 2 or not ins or len(ins) % layers:
         return {}
     per = len(ins) // layers
     groups = [ins[i * per:(i + 1) * per] for i in range(layers)]
@@ -1035,7 +1052,7 @@ def analyse_landing(m, bin_ns: int = 1000):
     from megak import pages
     landed, issued, seen = m[:, :, LANDED], m[:, :, 0], m[:, :, 3]
     ok = landed != 0
-    if not ok.any() or not (m[:, :, 1] != 0).any():   # (the 1-8 row loop carries no marks)
+    if not ok.any() or not (m[:, :, 1] != 0).any():
         return {}, []
     start = int(m[:, :, 1][m[:, :, 1] != 0].min())
     t = np.sort(landed[ok]) - start
