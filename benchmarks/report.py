@@ -114,7 +114,7 @@ TARGETS: dict[str, Target] = {
 }
 
 #: the megakernel itself, in its forms: never the "best other variant" it is compared with
-MEGAK_VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch",
+MEGAK_VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "megak_launch",
                   "megak_resident", "megak_resident_bound")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
@@ -950,6 +950,9 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
         if prog is not None:
             prog.close()
 
+    if w.build_constant is not None:
+        run_constant_variant(w, quick, inputs, ref, record, fail, backend, bench_cls)
+
     # -- torch and torch_graph -----------------------------------------------------------------
     if torch_env is not None:
         case = None
@@ -983,6 +986,36 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
         del case
         torch_env.release()
     return results, failures, notes
+
+
+def run_constant_variant(w: W.Workload, quick: bool, inputs: dict, ref, record, fail,
+                         backend: str, bench_cls) -> None:
+    """megak_const: the workload's graph with its weights as constants (w.build_constant),
+    timed as the megak variant is, on the inputs that are left."""
+    import megak
+    prog = bench = None
+    left = {k: inputs[k] for k in w.constant_inputs}
+    try:
+        prog = megak.compile(w.build_constant(inputs), backend=backend)
+        w.check(ref, prog.run(**left), "megak_const prog.run")
+        bench = bench_cls(prog)
+        bench.upload(**left)
+        reps, warmup = _reps(w, "megak_const", quick)
+        bench.poison()
+        times = time_bench_variant(bench, "megak", reps, warmup,
+                                   w.working_set_bytes <= L2_FLUSH_BYTES)
+        record("megak_const", times,
+               w.check(ref, bench.outputs(), "megak_const (outputs of the timed runs)"))
+    except Exception as exc:
+        fail("megak_const", "compile/timing/check", exc)
+    finally:
+        if bench is not None:
+            try:
+                bench.close()
+            except Exception:
+                pass
+        if prog is not None:
+            prog.close()
 
 
 @dataclass

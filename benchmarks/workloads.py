@@ -246,6 +246,10 @@ class Workload:
     kind: str = "gpu"                 # "gpu" (run_gpu_workload) | "call" (run_call_workload)
     weight_bytes: int = 0             # bytes of weights one run must read (W2: every layer's
     #                                   B); > 0: each result reports weight bytes / median time
+    build_constant: Callable[[dict], megak.Graph] | None = None
+    #   the graph with its weights as constants (g.constant) from these inputs: the
+    #   megak_const variant, run on the inputs that are left (constant_inputs)
+    constant_inputs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -356,11 +360,13 @@ def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Wor
     # every layer's result is an output (see the module docstring): h0 .. h{L-2}, then y
     names = [f"h{i}" for i in range(layers - 1)] + ["y"]
 
-    def build():
+    def build(weights=None):
         g = megak.Graph()
         x = g.input("x", (batch, hidden), dtype)
         for i in range(layers):
-            x = g.gemm(x, g.input(f"w{i}", (hidden, hidden), dtype))
+            w = (g.input(f"w{i}", (hidden, hidden), dtype) if weights is None
+                 else g.constant(f"w{i}", weights[f"w{i}"]))
+            x = g.gemm(x, w)
             g.output(x, names[i])
         return g
 
@@ -409,7 +415,9 @@ def w2(hidden: int, layers: int, batch: int = 16, dtype: str = "float32") -> Wor
         working_set_bytes=batch * hidden * (layers + 1) * size + weight_bytes,
         reps={v: ((100, 10) if big else (200, 20))
               for v in ("megak", "separate", "graph", "graph_pdl", "torch", "torch_graph")},
-        weight_bytes=weight_bytes)
+        weight_bytes=weight_bytes,
+        build_constant=build if dtype == "bfloat16" else None,
+        constant_inputs=("x",) if dtype == "bfloat16" else ())
 
 
 # W3 -----------------------------------------------------------------------------------------
@@ -724,11 +732,14 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
 QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached",
          "W7-call-copy")
 
-VARIANTS = ("megak", "megak_trace", "megak_run", "megak_bound", "megak_launch", "megak_resident",
+VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "megak_launch", "megak_resident",
             "megak_resident_bound", "separate", "graph", "graph_pdl", "torch", "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
+    "megak_const": "the same megakernel with the weights declared constants (g.constant): "
+                   "megak holds them, packed in the weight stream's page order (README "
+                   "\"Constant weights\"); only x is an input (Bench.time_megakernel)",
     "megak_run": "call path (W7): prog.run(out=..., **tensors) per call, launch + wait, "
                  "wall-clock from Python; the figure the W7 rows compare with",
     "megak_bound": "call path (W7): the same call bound once (bound = prog.bind(out=..., "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .dtypes import SUPPORTED as SUPPORTED_DTYPES
 from .dtypes import name_of
 from .errors import GraphError
@@ -32,7 +34,12 @@ class Tensor:
         return self.shape[-1]
 
     def __repr__(self) -> str:
-        origin = f"input {self.name!r}" if self.producer is None else f"op #{self.producer}"
+        if self.producer is not None:
+            origin = f"op #{self.producer}"
+        elif self.index in self.graph.constant_values:
+            origin = f"constant {self.name!r}"
+        else:
+            origin = f"input {self.name!r}"
         return f"Tensor(t{self.index}, shape={self.shape}, dtype={self.dtype}, {origin})"
 
 
@@ -57,14 +64,16 @@ class Graph:
     >>> a = g.input("a", (64, 32), "float32"); b = g.input("b", (32, 16), "float32")
     >>> g.output(g.transpose(g.gemm(a, b)), "y")
 
-    ``inputs`` and ``outputs`` map names to tensors; ``ops`` lists the ops in the order they
-    were added (a topological order).
+    ``inputs``, ``constants`` and ``outputs`` map names to tensors; ``ops`` lists the ops in
+    the order they were added (a topological order).
     """
 
     def __init__(self) -> None:
         self.tensors: list[Tensor] = []
         self.ops: list[Op] = []
         self.inputs: dict[str, Tensor] = {}
+        self.constants: dict[str, Tensor] = {}
+        self.constant_values: dict[int, np.ndarray] = {}   # tensor index -> its host copy
         self.outputs: dict[str, Tensor] = {}
 
     # -- building ---------------------------------------------------------------------------
@@ -79,11 +88,32 @@ class Graph:
         self.inputs[name] = t
         return t
 
+    def constant(self, name: str, value) -> Tensor:
+        """A tensor whose value is part of the graph (weights): ``value`` is copied now (a
+        numpy array, a torch or cupy tensor, on the host or the GPU; 2-D, or 1-D held as one
+        row; float32 or bfloat16, its dtype kept: megak never casts), and every run of the
+        compiled program reads that copy: it is not a keyword of ``run()``, and changing
+        ``value`` afterwards changes nothing (compile the graph again, or use an input).
+        On the GPU a constant that is the B of streamed GEMMs (bf16, batch <= 64) is also
+        kept in the weight stream's page order, one bulk copy per page (README "Constant
+        weights"): twice its bytes of GPU memory."""
+        self._check_name(name, "constant")
+        host = _host_copy(value, f"constant {name!r}")
+        shape = _check_shape(host.shape, f"constant {name!r}")
+        dtype = check_dtype(host.dtype, f"constant {name!r}")
+        t = self._new_tensor(shape, dtype, None, name)
+        self.constants[name] = t
+        self.constant_values[t.index] = host.reshape(t.rows, t.cols)
+        return t
+
     def output(self, x: Tensor, name: str) -> Tensor:
         """Declare ``x`` an output: ``run()`` returns it under ``name``. Ops no output depends
         on are not run (``prog.stats["dropped_ops"]`` lists them)."""
         self.check_operand(x, "output", "x")
         self._check_name(name, "output")
+        if x.index in self.constant_values:
+            raise GraphError(f"output {name!r}: {x!r} is a constant, whose value the caller "
+                             f"already has; an output is computed by an op")
         self.outputs[name] = x
         return x
 
@@ -112,8 +142,9 @@ class Graph:
         if not isinstance(name, str) or not name.isidentifier():
             raise GraphError(f"{what} name must be a Python identifier (it becomes a keyword "
                              f"of run()), got {name!r}")
-        if name in self.inputs or name in self.outputs:
-            raise GraphError(f"duplicate name {name!r}: input and output names must be unique")
+        if name in self.inputs or name in self.outputs or name in self.constants:
+            raise GraphError(f"duplicate name {name!r}: input, constant and output names must "
+                             f"be unique")
         if what == "input" and name in RESERVED_NAMES:
             raise GraphError(f"input name {name!r} is reserved for run()'s own keywords "
                              f"({', '.join(sorted(RESERVED_NAMES))}): choose another")
@@ -169,6 +200,19 @@ def _check_shape(shape, what: str) -> tuple[int, ...]:
             raise GraphError(f"{what}: dimension {d} does not fit the 32-bit tile coordinates")
         out.append(d)
     return tuple(out)
+
+
+def _host_copy(value, what: str) -> np.ndarray:
+    """A contiguous numpy copy of an array megak accepts as data (numpy, or a torch / cupy
+    tensor wherever it lives)."""
+    from . import interop
+    try:
+        desc = interop.describe(value)
+        if isinstance(desc, interop.DeviceArray):
+            desc = interop.to_host(desc)
+    except GraphError as exc:
+        raise GraphError(f"{what}: {exc}") from None
+    return np.array(desc, copy=True, order="C")
 
 
 def check_dtype(dtype, what: str) -> str:

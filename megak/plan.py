@@ -17,9 +17,9 @@ FLAG_WORD_BYTES = 8   # a flagged element: the fp32 value and its stamp in one 6
 
 @dataclass(frozen=True)
 class TensorSlot:
-    """One entry of the tensor table. ``kind``: "input", "intermediate", or "unused" (no
-    instruction writes or reads it: its op was dropped or fused away; it gets no memory);
-    outputs name slots. ``flagged``: an fp32 intermediate held as 64-bit words, value and
+    """One entry of the tensor table. ``kind``: "input" (a graph input or constant: data
+    the kernel only reads), "intermediate", or "unused" (no instruction writes or reads it:
+    its op was dropped or fused away; it gets no memory); outputs name slots. ``flagged``: an fp32 intermediate held as 64-bit words, value and
     stamp (scheduler.flagged_tensors)."""
 
     slot: int
@@ -62,6 +62,8 @@ class Plan:
     dropped_ops: list[str] = field(default_factory=list)  # labels of ops no output needs
     stream_pages: int = 0        # pages of each block's weight ring (mk_params.stream_pages;
                                  # 0: no instruction streams its weights)
+    constants: dict[str, int] = field(default_factory=dict)    # constant name -> tensor slot
+    constant_values: dict[int, np.ndarray] = field(default_factory=dict)  # slot -> its value
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

@@ -50,6 +50,7 @@ from .ops import BY_OPCODE
 from .pages import SLOTS
 from .plan import Plan
 from .runtime.flag_model import next_stamp
+from .runtime import packed_weights
 
 _OK = abi.ERRORS["MK_OK"]
 _TIMEOUT = abi.ERRORS["MK_ERR_TIMEOUT"]
@@ -145,6 +146,7 @@ class SimExecutor:
                                      np.zeros(t.shape, dtype=np.uint32))
                             for t in plan.tensors if t.flagged}
         self._run_bytes = self._stream_checked = None   # the queues the ring model last ran
+        self._constants = self._constant_images(plan)
         self.last_peak_pages: list[int] = []
         self.last_page_intervals: list[list[tuple]] = []
         self.closed = False
@@ -152,6 +154,22 @@ class SimExecutor:
         # as the GPU's are (its executor serialises launches the same way); re-entrant so a
         # caller can hold it across run() and its reading of last_trace_events
         self.lock = threading.RLock()
+
+    @staticmethod
+    def _constant_images(plan: Plan) -> dict[int, np.ndarray]:
+        """slot -> each constant as the device reads it: a B packed for the weight stream
+        (runtime/packed_weights.py) read back from its packed image, so that a packing that
+        does not invert shows in the results."""
+        forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
+        images = {}
+        for slot, value in plan.constant_values.items():
+            if slot in forms:
+                rows, cols = value.shape
+                bits = packed_weights.unpack(packed_weights.pack(value, forms[slot]), rows,
+                                             cols, forms[slot])
+                value = bits.view(value.dtype)
+            images[slot] = value
+        return images
 
     def _reset_counters(self) -> None:
         # a failed run leaves counters part-way: start the next one from zero, as the GPU does
@@ -194,6 +212,9 @@ class SimExecutor:
             elif slot.slot in inputs:
                 tensors.append(np.array(inputs[slot.slot], dtype=dtype, copy=True)
                                .reshape(slot.shape))
+                written.append(None)
+            elif slot.slot in self._constants:
+                tensors.append(self._constants[slot.slot].copy())
                 written.append(None)
             elif slot.kind == "unused":     # nothing reads or writes it: no memory
                 tensors.append(np.empty((0, 0), dtype=dtype))

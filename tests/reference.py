@@ -21,6 +21,9 @@ def evaluate(graph, inputs: dict[str, np.ndarray]):
     for name, t in graph.inputs.items():
         value = np.asarray(inputs[name]).astype(np.float64).reshape(t.shape)
         env[t.index] = (value, np.zeros(t.shape))
+    for t in graph.constants.values():
+        value = graph.constant_values[t.index].astype(np.float64).reshape(t.shape)
+        env[t.index] = (value, np.zeros(t.shape))
     for op in graph.ops:
         args = [env[t.index] for t in op.inputs]
         value, bound = REGISTRY[op.kind].reference(op, args)

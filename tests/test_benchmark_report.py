@@ -126,9 +126,10 @@ def test_registry_names():
                  "W3-8192-fp32", "W3-512x4096x4096-bf16", "W4-16384-fp32", "W5-1GiB"):
         w = W.get(name)   # builders only: nothing allocated until make_inputs
         assert w.name == name and w.metric in R.METRICS
-        # megak_trace (the traced build, W2 only) falls back to megak's rep counts; the
-        # call-path variants are W7's own
-        assert set(w.reps) | {"megak_trace"} == set(W.VARIANTS) - set(W.CALL_VARIANTS) | {
+        # megak_trace (the traced build) and megak_const (constant weights), W2 only, fall
+        # back to megak's rep counts; the call-path variants are W7's own
+        assert set(w.reps) | {"megak_trace", "megak_const"} == \
+            set(W.VARIANTS) - set(W.CALL_VARIANTS) | {
             "torch", "torch_graph"}
     with pytest.raises(KeyError, match="known"):
         W.get("W9")
@@ -239,10 +240,10 @@ def test_markdown(doc):
         assert f"### {name}" in md
     w1 = md.split("### W1")[1].split("###")[0]
     for v in W.VARIANTS:
-        # megak_trace: timed on the W2 chains only; megak_run, _bound, _launch, _resident,
-        # _resident_bound: W7 only
-        if v not in ("megak_trace", "megak_run", "megak_bound", "megak_launch",
-                     "megak_resident", "megak_resident_bound"):
+        # megak_trace, megak_const: timed on the W2 chains only; megak_run, _bound,
+        # _launch, _resident, _resident_bound: W7 only
+        if v not in ("megak_trace", "megak_const", "megak_run", "megak_bound",
+                     "megak_launch", "megak_resident", "megak_resident_bound"):
             assert f"| {v} |" in w1
     # W1: 0.7 us/op misses <= 0.45; megak vs best other (graph, 1000 us) = 1.43x
     assert ("| megak | 3 | 700.0 | 0.700 | 1.00x | 1.43x | exact | <= 0.45 us/op: **missed by "
@@ -892,7 +893,7 @@ def test_flow_records_the_weight_bandwidth_of_w2(rng):
     res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                        log=lambda *a: None, backend="sim", bench_cls=SimBench)
     assert fails == [] and [r["variant"] for r in res] == ["megak", "megak_trace", "separate",
-                                                            "graph", "graph_pdl"]
+                                                            "graph", "graph_pdl", "megak_const"]
     for r in res:
         assert r["weight_bytes"] == w.weight_bytes
         assert r["weights_tb_s"] == pytest.approx(w.weight_bytes / (r["median_us"] * 1e-6) / 1e12)

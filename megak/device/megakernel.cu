@@ -501,9 +501,10 @@ __device__ mk_u32 mk_loader_ring_pages(mk_control& ctl, mk_slot& s, mk_u32 q,
 #endif
 
 /* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
-__device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p)
+__device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p,
+                                                   bool* packed = nullptr)
 {
-    return MK_BUILT(MK_BODY_GEMM_STREAM) ? mk_gemm_stream_stages(in, p) : 0u;
+    return MK_BUILT(MK_BODY_GEMM_STREAM) ? mk_gemm_stream_stages(in, p, packed) : 0u;
 }
 
 /* Streamer lane 0: wait until the compute warp that reads ring slot `slot`'s previous stage
@@ -550,11 +551,21 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
         bool go = true;
         for (mk_u32 q = 0; q < n && go; ++q) {
             const mk_instr& in = queue[q];   /* global: host-written before the invocation */
-            const mk_u32 stages = mk_stream_stages(in, p);
+            bool packed = false;
+            const mk_u32 stages = mk_stream_stages(in, p, &packed);
             if (stages == 0)
                 continue;
             const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
             const int c0 = in.col0, r0 = in.k0;
+            /* a constant B packed for the stream: each stage one 1-D bulk copy of its page
+             * (whole 16 KiB runs of DRAM instead of a box's 64- or 128-B row segments: 3.78
+             * against 3.11-3.55 TB/s, benchmarks/ANALYSIS.md "The layer boundary") */
+            mk_packed_b pk = {0, 0, 0};
+            if (packed) {
+                const mk_packed_b* src = reinterpret_cast<const mk_packed_b*>(tmap);
+                pk.ptr = mk_ld_relaxed_u64(&src->ptr);
+                pk.stages = mk_ld_relaxed(&src->stages);
+            }
             /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
              * halves, both completing their bytes on the slot's full barrier; the second only
              * where it starts inside the record's k range (its reader skips it otherwise,
@@ -572,12 +583,17 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                 const int k = r0 + (int)(s * stage_rows);
                 const bool second = narrow && mk_stream_second_box(in, s);
                 mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
-                mk_mbar_expect_tx(&ctl.ring_full[slot],
-                                  narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES);
-                mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);
-                if (second)
-                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,
-                                   &ctl.ring_full[slot], policy);
+                const mk_u32 bytes = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;
+                mk_mbar_expect_tx(&ctl.ring_full[slot], bytes);
+                if (packed) {
+                    mk_bulk_load(dst, mk_packed_stage(in, pk, s), bytes, &ctl.ring_full[slot],
+                                 policy);
+                } else {
+                    mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);
+                    if (second)
+                        mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,
+                                       &ctl.ring_full[slot], policy);
+                }
             }
         }
         /* drain: the last stage issued into each slot has landed (a copy always completes) */

@@ -171,6 +171,17 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
                  : "memory");
 }
 
+/* `bytes` contiguous bytes (a multiple of 16) at the 16-B aligned global address src into
+ * shared memory at dst, one 1-D bulk copy; they complete on `bar`. */
+__device__ __forceinline__ void mk_bulk_load(mk_u32 dst, mk_u64 src, mk_u32 bytes, mk_u64* bar,
+                                             mk_u64 policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 : : "r"(dst), "l"(src), "r"(bytes), "r"(mk_smem_addr(bar)), "l"(policy)
+                 : "memory");
+}
+
 /* One box from the page at shared address src into the tensor `tmap` at column c0 and row
  * r0 (a TMA store): read from shared memory and written to global memory asynchronously, in
  * this thread's bulk async-group (mk_bulk_commit). The page's bytes must have been written

@@ -43,7 +43,7 @@ from ..errors import GraphError, MegakernelError, MegakernelHang, raise_for_stat
 from ..ops import bodies as ops_bodies
 from ..plan import Plan, TensorSlot
 from . import memory as mem
-from . import tensor_maps
+from . import packed_weights, tensor_maps
 from .driver import CudaError, _bindings, check, device_info, require_gpu
 from .graph_launch import GraphLauncher
 from .invocation import HostView
@@ -59,6 +59,7 @@ _STICKY = {
 }
 
 _SPIN_S = 0.010        # poll the stream flat out this long: short runs return at once
+_CONSTANT_BOUNCE_BYTES = 64 << 20   # pinned staging of the constants' upload, at most
 _QUICK_POLLS = 200     # polls of the host view before the clocked spin: ~20-40 us of Python
 _MAX_NAP_S = 0.001     # then back off to at most this between polls
 _ABORT_GRACE_S = 5.0   # after the watchdog raises the abort flag, this long to stop
@@ -469,8 +470,14 @@ class CudaExecutor:
         # (tensor_maps.py); tables side by side stay 128-B aligned, as the maps must be
         self._table_bytes = round_up(abi.table_bytes(n_tensors), abi.TMAP_BYTES)
         # the slots whose maps every table carries, with their boxes; reload_queues() keeps
-        # them, so a TMA operand added later has ready 0 and the device loads it itself
-        self._map_boxes = tensor_maps.map_boxes(plan.instrs)
+        # them, so a TMA operand added later has ready 0 and the device loads it itself.
+        # Constants read only as streamed B are packed instead (packed_weights.py): their map
+        # slot holds the packed pages' address in every table
+        self._packed_forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
+        self._map_boxes = {s: b for s, b in tensor_maps.map_boxes(plan.instrs).items()
+                           if s not in self._packed_forms}
+        packed = [(slot, packed_weights.packed_bytes(*plan.constant_values[slot].shape, ready))
+                  for slot, ready in self._packed_forms.items()]
         control = [
             ("instrs", max(len(plan.instrs), 1) * abi.INSTR_BYTES),
             ("queue_start", (plan.n_sm + 1) * 4),
@@ -482,11 +489,15 @@ class CudaExecutor:
         ]
         control_bytes = sum(round_up(n, mem.DEVICE_ALIGN) for _, n in control)
         # one up-front check of the whole request: a clear error before anything is allocated
-        m.check_fits(tensor_bytes + control_bytes, managed=self.managed,
-                     what=f"{len(plan.tensors)} tensors + control data")
+        packed_total = sum(round_up(n, mem.DEVICE_ALIGN) for _, n in packed)
+        m.check_fits(tensor_bytes + control_bytes + packed_total, managed=self.managed,
+                     what=f"{len(plan.tensors)} tensors + control data"
+                          + (f" + {len(packed)} packed constants" if packed else ""))
+        alloc = m.managed if self.managed else m.device
         for t, ld, nbytes in layout:
-            alloc = m.managed if self.managed else m.device
             self._tensors[t.slot] = _TensorBuffer(t, alloc(nbytes, f"tensor {t.name}"), ld)
+        self._packed = {slot: alloc(n, f"packed {plan.tensors[slot].name}")
+                        for slot, n in packed}
         self._dev_buf = {name: m.device(n, name) for name, n in control}
         self._queue_capacity = max(len(plan.instrs), 1)
         self._counter_capacity = max(plan.n_counters, 1)
@@ -523,6 +534,7 @@ class CudaExecutor:
                                     else dtypes.ABI_CODE[tb.slot.dtype])
         image = np.zeros(self._table_bytes, dtype=np.uint8)
         tensor_maps.fill_table(image, self._n_tensors, table, self._map_boxes)
+        self._upload_constants(image)
         self._table_image = image     # a binding's table starts from it (same maps elsewhere)
         self._find_wgmma_only()
         self._table_host_buf = self._memory.pinned(self._table_bytes, "tensor table (host)")
@@ -533,6 +545,44 @@ class CudaExecutor:
         self._write_params()
         self._wait_stream("uploading the tensor table, queues and params")
         self._setup_launch_args()
+
+    def _upload_constants(self, image: np.ndarray) -> None:
+        """The graph's constants into their buffers, once: each row-major (rows padded to
+        ld), and the packed ones (packed_weights.py) also in the stream's page order, their
+        map slot and ready word in the table image. Through one pinned bounce buffer; waits
+        for the copies."""
+        plan = self.plan
+        if not plan.constant_values:
+            return
+        maps = tensor_maps.maps_view(image, self._n_tensors)
+        ready = tensor_maps.ready_view(image, self._n_tensors)
+        jobs = []
+        for slot, value in plan.constant_values.items():
+            tb = self._tensors.get(slot)
+            if tb is None:
+                continue
+            padded = np.zeros(tb.padded_shape, dtype=tb.np_dtype)
+            padded[:, :tb.slot.cols] = value
+            jobs.append((tb.buf.ptr, padded.view(np.uint8).reshape(-1)))
+            form = self._packed_forms.get(slot)
+            if form is not None:
+                buf = self._packed[slot]
+                jobs.append((buf.ptr, packed_weights.pack(value, form)))
+                maps[slot] = packed_weights.descriptor(buf.ptr, *value.shape, form)
+                ready[slot] = form
+        chunk = min(_CONSTANT_BOUNCE_BYTES, max(len(data) for _, data in jobs))
+        bounce = self._memory.pinned(chunk, "constants (host)")
+        try:
+            host = bounce.array(np.uint8, (chunk,))
+            for dst, data in jobs:
+                for at in range(0, len(data), chunk):
+                    n = min(chunk, len(data) - at)
+                    self._wait_stream("uploading the constants")   # the bounce is free
+                    host[:n] = data[at:at + n]
+                    mem.htod(dst + at, bounce.ptr, n, self._h)
+            self._wait_stream("uploading the constants")
+        finally:
+            self._memory.free(bounce)
 
     def _write_queues(self) -> None:
         """plan.instrs + plan.queue_start -> pinned staging -> device (stream-ordered); the
