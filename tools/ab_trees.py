@@ -19,7 +19,8 @@ A timing is `python -m benchmarks.report`'s megak variant: Bench.time_megakernel
 around each launch), the workload's own reps, the L2 flushed only where the report flushes it
 (working set <= L2_FLUSH_BYTES: the flush's dirty lines add ~12 us to a 4096 x 8 chain, so a
 flushed figure is not comparable with the report's), outputs checked against the float64
-reference after the timed runs, on outputs poisoned before them.
+reference after the timed runs, on outputs poisoned before them. A row named ROW+const times
+ROW's graph with its weights as constants (the report's megak_const variant).
 """
 import argparse
 import json
@@ -33,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("megak", "benchmarks", "pyproject.toml")   # what a tree needs to build and time
 ORDER = "trees.json"   # prepare's names in the order given: the base first
+CONSTANT = "+const"   # a row named W2-...+const: its megak_const variant (g.constant weights)
 W2_ROWS = ("W2-4096x8-bf16", "W2-4096x8-bf16-b1", "W2-8192x8-bf16", "W2-4096x8-bf16-b64",
            "W2-1024x16-bf16")
 
@@ -110,11 +112,16 @@ def time_rows(tag: str, rows: list[str], reps: int | None, seed: int) -> None:
     from megak.runtime.bench import L2_FLUSH_BYTES, Bench
     rng = np.random.default_rng(seed)
     for name in rows:
-        w = W.get(name)
+        w = W.get(name.removesuffix(CONSTANT))
         n, warmup = w.reps["megak"] if reps is None else (reps, 10)
         inputs = w.make_inputs(rng)
         ref = w.reference(inputs, rng)
-        prog = megak.compile(w.build(), backend="cuda")
+        if name.endswith(CONSTANT):      # the report's megak_const: weights as constants
+            graph = w.build_constant(inputs)
+            inputs = {k: inputs[k] for k in w.constant_inputs}
+        else:
+            graph = w.build()
+        prog = megak.compile(graph, backend="cuda")
         bench = Bench(prog)
         w.check(ref, prog.run(**inputs), "prog.run")
         bench.upload(**inputs)

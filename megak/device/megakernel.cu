@@ -502,7 +502,7 @@ __device__ mk_u32 mk_loader_ring_pages(mk_control& ctl, mk_slot& s, mk_u32 q,
 
 /* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
 __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p,
-                                                   bool* packed = nullptr)
+                                                   mk_packed_b* packed = nullptr)
 {
     return MK_BUILT(MK_BODY_GEMM_STREAM) ? mk_gemm_stream_stages(in, p, packed) : 0u;
 }
@@ -551,21 +551,16 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
         bool go = true;
         for (mk_u32 q = 0; q < n && go; ++q) {
             const mk_instr& in = queue[q];   /* global: host-written before the invocation */
-            bool packed = false;
-            const mk_u32 stages = mk_stream_stages(in, p, &packed);
+            /* pk.ptr != 0: a constant B packed for the stream, each stage one 1-D bulk copy
+             * of its page (whole 16 KiB runs of DRAM instead of a box's 64- or 128-B row
+             * segments: 3.78 against 3.11-3.55 TB/s, benchmarks/ANALYSIS.md "The layer
+             * boundary") */
+            mk_packed_b pk;
+            const mk_u32 stages = mk_stream_stages(in, p, &pk);
             if (stages == 0)
                 continue;
             const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
             const int c0 = in.col0, r0 = in.k0;
-            /* a constant B packed for the stream: each stage one 1-D bulk copy of its page
-             * (whole 16 KiB runs of DRAM instead of a box's 64- or 128-B row segments: 3.78
-             * against 3.11-3.55 TB/s, benchmarks/ANALYSIS.md "The layer boundary") */
-            mk_packed_b pk = {0, 0, 0};
-            if (packed) {
-                const mk_packed_b* src = reinterpret_cast<const mk_packed_b*>(tmap);
-                pk.ptr = mk_ld_relaxed_u64(&src->ptr);
-                pk.stages = mk_ld_relaxed(&src->stages);
-            }
             /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
              * halves, both completing their bytes on the slot's full barrier; the second only
              * where it starts inside the record's k range (its reader skips it otherwise,
@@ -585,7 +580,7 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                 mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
                 const mk_u32 bytes = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;
                 mk_mbar_expect_tx(&ctl.ring_full[slot], bytes);
-                if (packed) {
+                if (pk.ptr != 0u) {
                     mk_bulk_load(dst, mk_packed_stage(in, pk, s), bytes, &ctl.ring_full[slot],
                                  policy);
                 } else {

@@ -152,10 +152,15 @@ __device__ __forceinline__ mk_u32 mk_stream_band_cols(const mk_instr& in)
     return mk_stream_narrow(in) ? (mk_u32)MK_STREAM_NARROW_COLS : (mk_u32)MK_STREAM_BOX_COLS;
 }
 
-/* B's packed pages (instr.h, mk_packed_b) in map slot b of the table. */
-__device__ __forceinline__ const mk_packed_b* mk_packed_of(const mk_params& p, mk_u32 b)
+/* B's packed pages (instr.h, mk_packed_b) in map slot b of the table, one 16-B load (the
+ * slot is 128-B aligned). */
+__device__ __forceinline__ mk_packed_b mk_packed_of(const mk_params& p, mk_u32 b)
 {
-    return reinterpret_cast<const mk_packed_b*>(mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * b);
+    const unsigned char* at = mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * b;
+    mk_u64 ptr, geometry;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(ptr), "=l"(geometry) : "l"(at) : "memory");
+    return {ptr, (mk_u32)geometry, (mk_u32)(geometry >> 32)};
 }
 
 /* Stages the streamer delivers for record `in` of this program: the streamer (reading the
@@ -164,19 +169,22 @@ __device__ __forceinline__ const mk_packed_b* mk_packed_of(const mk_params& p, m
  * row-major entry). The checks make the copy safe whatever the record says: a tensor map the
  * host encoded with the box the record's geometry needs (its ready word), or B packed for
  * the record's form with every page the record names inside the packed buffer (a band's
- * first column and the k range's first row on page boundaries), a page of the ring. */
+ * first column and the k range's first row on page boundaries), a page of the ring.
+ * `packed` (the streamer's): B's packed pages where the record streams them, else ptr 0;
+ * its load is issued beside the ready word's, so either way the verdict costs one round
+ * trip. */
 __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, const mk_params& p,
-                                                        bool* packed = nullptr)
+                                                        mk_packed_b* packed = nullptr)
 {
+    if (packed != nullptr)
+        packed->ptr = 0;
     if (in.opcode != MK_OP_GEMM || !(in.flags & MK_FLAG_STREAM) || p.stream_pages == 0 ||
         !mk_gemm_stream_check(in) || in.tensor[MK_ARG_B] >= p.n_tensors)
         return 0;
     const bool narrow = mk_stream_narrow(in);
     const mk_u32 b = in.tensor[MK_ARG_B];
-    /* both words at once: the geometry is only used where ready names a packed B */
     const mk_u32 ready = mk_ld_relaxed(mk_tmap_ready(p) + b);
-    const mk_u64 geometry = mk_ld_relaxed_u64(
-        reinterpret_cast<const mk_u64*>(&mk_packed_of(p, b)->bands));
+    const mk_packed_b pk = mk_packed_of(p, b);   /* used only where ready names a packed B */
     const mk_u32 rows = mk_stream_stage_rows(in);
     const mk_u32 stages = ((mk_u32)in.klen + rows - 1) / rows;
     if (ready == (narrow ? (mk_u32)MK_STREAM_NARROW_READY : (mk_u32)MK_STREAM_BOX_ROWS))
@@ -185,18 +193,18 @@ __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, cons
                          : (mk_u32)MK_STREAM_PACKED_READY))
         return 0;
     const mk_u32 band_cols = mk_stream_band_cols(in);
-    const mk_u32 bands = (mk_u32)geometry, band_stages = (mk_u32)(geometry >> 32);
     const mk_u32 c0 = (mk_u32)in.col0, k0 = (mk_u32)in.k0;
-    const bool fits = c0 % band_cols == 0u && c0 / band_cols < bands && k0 % rows == 0u &&
-                      k0 / rows <= band_stages && stages <= band_stages - k0 / rows;
+    const bool fits = c0 % band_cols == 0u && c0 / band_cols < pk.bands && k0 % rows == 0u &&
+                      k0 / rows <= pk.stages && stages <= pk.stages - k0 / rows;
+    if (!fits)
+        return 0;
     if (packed != nullptr)
-        *packed = fits;
-    return fits ? stages : 0u;
+        *packed = pk;
+    return stages;
 }
 
-/* Where the streamer copies stage s of record `in` from, and how many bytes, when its B is
- * packed (mk_gemm_stream_stages said it fits): one page of the band's run; 8 KiB for a
- * narrow stage without its second box (its reader skips that half). */
+/* Where the streamer copies stage s of record `in` from when its B is packed
+ * (mk_gemm_stream_stages gave `pk`): one page of the band's run. */
 __device__ __forceinline__ mk_u64 mk_packed_stage(const mk_instr& in, const mk_packed_b& pk,
                                                   mk_u32 s)
 {
