@@ -551,14 +551,15 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
         bool go = true;
         for (mk_u32 q = 0; q < n && go; ++q) {
             const mk_instr& in = queue[q];   /* global: host-written before the invocation */
-            /* pk.ptr != 0: a constant B packed for the stream, each stage one 1-D bulk copy
-             * of its page (whole 16 KiB runs of DRAM instead of a box's 64- or 128-B row
-             * segments: 3.78 against 3.11-3.55 TB/s, benchmarks/ANALYSIS.md "The layer
-             * boundary") */
             mk_packed_b pk;
             const mk_u32 stages = mk_stream_stages(in, p, &pk);
             if (stages == 0)
                 continue;
+            /* packed != 0: a constant B packed for the stream, each stage one 1-D bulk copy
+             * of its page, the record's pages one run from here (whole 16 KiB runs of DRAM
+             * instead of a box's 64- or 128-B row segments: 3.78 against 3.11-3.55 TB/s,
+             * benchmarks/ANALYSIS.md "The layer boundary") */
+            const mk_u64 packed = pk.ptr != 0u ? mk_packed_first(in, pk) : 0u;
             const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
             const int c0 = in.col0, r0 = in.k0;
             /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
@@ -580,9 +581,9 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                 mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
                 const mk_u32 bytes = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;
                 mk_mbar_expect_tx(&ctl.ring_full[slot], bytes);
-                if (pk.ptr != 0u) {
-                    mk_bulk_load(dst, mk_packed_stage(in, pk, s), bytes, &ctl.ring_full[slot],
-                                 policy);
+                if (packed != 0u) {
+                    mk_bulk_load(dst, packed + (mk_u64)s * MK_PAGE_BYTES, bytes,
+                                 &ctl.ring_full[slot], policy);
                 } else {
                     mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);
                     if (second)

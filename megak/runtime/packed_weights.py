@@ -42,8 +42,11 @@ _CHUNK = 8          # bf16 per 16-B chunk
 
 def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
     """{slot: ready word} of the constants worth packing: those read as the B of streamed GEMM
-    records of one form (all wide or all narrow) and by no other TMA copy (a wgmma operand,
-    a transpose's tile: those need the tensor map). Sorted by slot."""
+    records of one form (all wide or all narrow), each page by one record, and by no other
+    TMA copy (a wgmma operand, a transpose's tile: those need the tensor map). A GEMM of more
+    than MK_STREAM_TILE_M rows has two row bands reading every page of B, and there the
+    packed pages streamed slower than the boxes (W2-4096x8-bf16-b64 151.6 against 148.2 us
+    on one H200 lease, benchmarks/ANALYSIS.md). Sorted by slot."""
     constant_slots = set(int(s) for s in constant_slots)
     if len(instrs) == 0 or not constant_slots:
         return {}
@@ -59,8 +62,13 @@ def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
               | set(instrs["tensor"][wgmma, abi.ARG_B].tolist())
               | set(instrs["tensor"][transpose, abi.ARG_A].tolist())
               | set(instrs["tensor"][transpose, abi.ARG_OUT].tolist()))
+    b = instrs["tensor"][:, abi.ARG_B].astype(np.int64)
+    pages = instrs[["col0", "k0"]][streamed]
     forms = {}
     for slot in sorted(constant_slots - mapped):
+        mine = pages[b[streamed] == slot]
+        if len(np.unique(mine)) < len(mine):     # two readers of a page
+            continue
         if slot in wide_b and slot not in narrow_b:
             forms[slot] = PACKED_READY
         elif slot in narrow_b and slot not in wide_b:

@@ -81,12 +81,16 @@ def chain(m, k, n, layers=2, constant=True, rng=None):
 
 
 def test_streamed_constants_are_packed_for_their_form(rng):
-    # batch 16 of 1024 x 1024: narrow bands; batch 64: wide bands of several parts
-    for m, form in ((16, pw.PACKED_NARROW_READY), (64, pw.PACKED_READY)):
-        g, _ = chain(m, 1024, 1024, rng=rng)
+    # batch 16 of 1024 x 1024: narrow bands; batch 32 of 4096 x 4096: wide bands of two
+    # parts; batch 64: two row bands read every page, not packed
+    for m, k, form in ((16, 1024, pw.PACKED_NARROW_READY), (32, 4096, pw.PACKED_READY),
+                       (64, 1024, None)):
+        g, _ = chain(m, k, k, layers=1, rng=rng)
         plan = megak.compile(g, backend="sim").plan
-        assert pw.packed_forms(plan.instrs, plan.constant_values) == {
-            t.index: form for t in g.constants.values()}
+        parts = set((plan.instrs["param"] >> 16).tolist())
+        assert form != pw.PACKED_READY or parts != {1}
+        assert pw.packed_forms(plan.instrs, plan.constant_values) == (
+            {t.index: form for t in g.constants.values()} if form else {})
     # fp32 and many-row GEMMs are not streamed; a constant read as the A of a GEMM neither
     g = megak.Graph()
     a = g.constant("a", np.ones((128, 64), np.float32))
@@ -176,17 +180,19 @@ def run_chain(backend, g, x, rng):
                 out[name][:] = np.nan
 
 
-CASES = [(16, 1024, 1024, 3), (1, 1024, 1024, 2), (5, 4096, 512, 2), (64, 1024, 1024, 2),
-         (40, 300, 200, 2), (16, 200, 70, 2), (7, 1000, 37, 2)]
+CASES = [(16, 1024, 1024, 3), (1, 1024, 1024, 2), (5, 4096, 512, 2), (32, 1024, 1024, 2),
+         (24, 300, 200, 2), (16, 200, 70, 2), (7, 1000, 37, 2), (64, 1024, 1024, 2),
+         (40, 300, 200, 2)]
 
 
 @pytest.mark.parametrize("m,k,n,layers", CASES)
 def test_streamed_chain_with_constant_weights(backend, rng, m, k, n, layers):
-    # narrow bands (batch 1-16), wide bands of several parts (batch 5 of 4096, 64), two row
-    # bands (40), shapes whose last box and band are short
+    # narrow bands (batch 1-16), wide bands of several parts (batch 5 of 4096, 32), shapes
+    # whose last box and band are short; two row bands (40, 64): constants, not packed
     g, x = chain(m, k, n, layers, rng=rng)
     plan = megak.compile(g, backend="sim").plan
-    assert pw.packed_forms(plan.instrs, plan.constant_values), "nothing packed"
+    packed = pw.packed_forms(plan.instrs, plan.constant_values)
+    assert bool(packed) == (m <= gemm.STREAM_TILE_M), packed
     run_chain(backend, g, x, rng)
 
 
@@ -252,7 +258,7 @@ def test_packed_stream_stress_against_the_mapped_one():
     # the same chains with the weights as inputs (tensor maps) and as constants (packed):
     # bit for bit the same results, run after run
     rng = np.random.default_rng(7)
-    for m, k, n, layers in [(16, 4096, 4096, 2), (64, 2048, 2048, 2), (1, 2048, 1024, 3)]:
+    for m, k, n, layers in [(16, 4096, 4096, 2), (32, 2048, 2048, 2), (1, 2048, 1024, 3)]:
         g_const, _ = chain(m, k, n, layers, rng=np.random.default_rng(m))
         g_in, _ = chain(m, k, n, layers, constant=False, rng=np.random.default_rng(m))
         weights = {name: g_const.constant_values[t.index]

@@ -203,14 +203,12 @@ __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, cons
     return stages;
 }
 
-/* Where the streamer copies stage s of record `in` from when its B is packed
- * (mk_gemm_stream_stages gave `pk`): one page of the band's run. */
-__device__ __forceinline__ mk_u64 mk_packed_stage(const mk_instr& in, const mk_packed_b& pk,
-                                                  mk_u32 s)
+/* Where the streamer copies stage 0 of record `in` from when its B is packed
+ * (mk_gemm_stream_stages gave `pk`): a page of the band's run; stage s is s pages on. */
+__device__ __forceinline__ mk_u64 mk_packed_first(const mk_instr& in, const mk_packed_b& pk)
 {
-    const mk_u32 rows = mk_stream_stage_rows(in);
     const mk_u64 page = (mk_u64)((mk_u32)in.col0 / mk_stream_band_cols(in)) * pk.stages
-                        + (mk_u32)in.k0 / rows + s;
+                        + (mk_u32)in.k0 / mk_stream_stage_rows(in);
     return pk.ptr + page * MK_PAGE_BYTES;
 }
 
