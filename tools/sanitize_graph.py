@@ -31,6 +31,9 @@ TMA from them, several per SM, one reading another SM's copy (generic stores, th
 loader's proxy fence), one reading another transpose's TMA-stored tiles (their stores
 waited for and fenced before the signal), with edge tiles between them on the register path;
 as launches and as resident requests.
+A sixth, const_graph, on 2 SMs: streamed GEMMs whose weights are constants packed for the
+stream (wide bands of two parts, narrow bands), each stage one 1-D bulk copy; as launches
+and as resident requests.
 
 Sizes are deliberately odd (partial tiles, leading dimensions padded to
 MK_TENSOR_ALIGN_BYTES) and small (the sanitizer slows the kernel down by 10-100x).
@@ -162,6 +165,20 @@ def ring_graph() -> megak.Graph:
     return g
 
 
+def const_graph(rng) -> tuple[megak.Graph, dict]:
+    """zc = xc @ wc (20 rows: wide bands of two parts) and zn = xn @ wn (8 rows: narrow bands,
+    the last stage without its second box), the weights constants packed for the stream
+    (runtime/packed_weights.py: one 1-D bulk copy per stage), on RING_SMS SMs. Returns the
+    graph and its weights."""
+    k = RING_X[1]
+    w = {name: (rng.uniform(-1, 1, (k, RING_N)) / np.sqrt(k)).astype(np.float32).astype(BF16)
+         for name in ("wc", "wn")}
+    g = megak.Graph()
+    for x, z, rows, name in (("xc", "zc", 20, "wc"), ("xn", "zn", 8, "wn")):
+        g.output(g.gemm(g.input(x, (rows, k), "bfloat16"), g.constant(name, w[name])), z)
+    return g, w
+
+
 def ring_inputs(rng, w_scale: tuple[float, float] | None = None) -> dict:
     """ring_graph's inputs, bf16 values: uniform in [-1, 1), the weights scaled by w_scale
     (default 1 / sqrt(K) and 1)."""
@@ -243,7 +260,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
-    prog = prog2 = prog3 = prog4 = prog5 = None
+    prog = prog2 = prog3 = prog4 = prog5 = prog6 = None
     g = build(args.m, args.k, args.n)
     g2 = wgmma_graph()
     try:
@@ -257,24 +274,30 @@ def main(argv=None) -> int:
         g5 = tiles_graph()
         prog5 = megak.compile(g5, backend="cuda", n_sm=TILES_SMS, timeout_s=args.timeout,
                               debug=True)
+        g6, w6 = const_graph(np.random.default_rng(args.seed + 6))
+        prog6 = megak.compile(g6, backend="cuda", n_sm=RING_SMS, timeout_s=args.timeout,
+                              debug=True)
         streamed = prog4.plan.instrs["flags"] & abi.FLAG_STREAM
         if prog4.plan.stream_pages == 0 or not streamed.all():
             raise RuntimeError(f"ring_graph streams no weights (ring of "
                                f"{prog4.plan.stream_pages} pages)")
+        from megak.runtime import packed_weights
+        if len(packed_weights.packed_forms(prog6.plan.instrs, prog6.plan.constant_values)) != 2:
+            raise RuntimeError("const_graph's weights are not both packed")
     except Exception:
         traceback.print_exc()
         print("sanitize_graph: FAILED to compile", flush=True)
         return 2
     ok = True
     try:
-        for pr in (prog, prog2, prog3, prog4, prog5):
+        for pr in (prog, prog2, prog3, prog4, prog5, prog6):
             ex = getattr(pr, "_executor", None)
             if ex is not None and hasattr(ex, "host_timeout_s"):
                 ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
         resident = None
         for run in range(2 * args.runs):
             if run == args.runs:   # the same runs again as requests of a resident kernel
-                resident = megak.resident(prog, prog4, prog5, idle_s=math.inf)
+                resident = megak.resident(prog, prog4, prog5, prog6, idle_s=math.inf)
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
@@ -337,6 +360,11 @@ def main(argv=None) -> int:
             out4 = prog4.run(**w) if resident is None else resident.submit(prog4, **w).wait()
             results += check_ring(g4, w, out4, f"weight ring of {prog4.plan.stream_pages} "
                                                "pages")
+            xs = {x: rng.uniform(-1, 1, t.shape).astype(np.float32).astype(BF16)
+                  for x, t in g6.inputs.items()}
+            out6 = prog6.run(**xs) if resident is None else resident.submit(prog6, **xs).wait()
+            results += [check_reference(g6, xs, out6[z], z, f"{z} (packed constant weights)")
+                        for z in g6.outputs]
             x = rng.uniform(-1, 1, TILES_X).astype(np.float32)
             out5 = prog5.run(x=x) if resident is None else resident.submit(prog5, x=x).wait()
             for name, want in (("tt", x.T), ("tx", x.T), ("ttt", x)):
@@ -355,7 +383,7 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        for pr in (prog, prog2, prog3, prog4, prog5):
+        for pr in (prog, prog2, prog3, prog4, prog5, prog6):
             close = getattr(pr, "close", None)
             if close is not None:
                 try:
