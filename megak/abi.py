@@ -123,7 +123,6 @@ def numpy_dtype(ctype: str) -> np.dtype:
 
 INSTR_DTYPE = numpy_dtype("mk_instr")
 TENSOR_DTYPE = numpy_dtype("mk_tensor")
-PACKED_B_DTYPE = numpy_dtype("mk_packed_b")
 STATUS_DTYPE = numpy_dtype("mk_status")
 SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
 PARAMS_DTYPE = numpy_dtype("mk_params")

@@ -364,8 +364,8 @@ _LEAN = [
      "                if (lap > 0 && !mk_ring_wait_empty(ctl, slot, (lap - 1u) & 1u, patience)) {\n"),
     ("narrow && mk_stream_second_box(in, s);",
      "narrow && klen > 2u * MK_STREAM_BOX_ROWS * s + MK_STREAM_BOX_ROWS;"),
-    ("                                   &ctl.ring_full[slot], policy);\n            }\n",
-     "                                   &ctl.ring_full[slot], policy);\n"
+    ("                                       &ctl.ring_full[slot], policy);\n                }\n            }\n",
+     "                                       &ctl.ring_full[slot], policy);\n                }\n"
      "                if (++slot == R) {\n                    slot = 0;\n                    ++lap;\n"
      "                }\n            }\n"),
 ]
@@ -683,15 +683,13 @@ def tail_gate(c):
          "                    while (atomicOr(&ctl.kloops_done, 0u) < jrec && mk_globaltimer() < until && !mk_ring_stopped()) {\n"
          "                    }\n"
          "                }\n"),
-        ("            const mk_u32 stages = mk_stream_stages(in, p);\n"
+        ("            const mk_u32 stages = mk_stream_stages(in, p, &packed);\n"
          "            if (stages == 0)\n                continue;\n",
-         "            const mk_u32 stages = mk_stream_stages(in, p);\n"
+         "            const mk_u32 stages = mk_stream_stages(in, p, &packed);\n"
          "            if (stages == 0)\n                continue;\n"
          "            const mk_u32 jrec_now = jrec;\n"),
-        ("                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,\n"
-         "                                   &ctl.ring_full[slot], policy);\n            }\n",
-         "                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,\n"
-         "                                   &ctl.ring_full[slot], policy);\n            }\n"
+        ("                                       &ctl.ring_full[slot], policy);\n                }\n            }\n",
+         "                                       &ctl.ring_full[slot], policy);\n                }\n            }\n"
          "            jrec = jrec_now + 1u;\n"),
     ]
 
@@ -713,7 +711,8 @@ def hold_short(num, den):
 # col0 / box columns: the same bytes per SM in the same order as a packed copy of the weights
 # would hold them (page images pre-swizzled on the host), so the DRAM sees whole 16 KiB runs
 # instead of 64- or 128-B row segments (tools/probe_weight_stream.py --layouts: 3.78 against
-# 3.11 / 3.55 TB/s free-running). The pages hold other bytes: the results are wrong.
+# 3.11 / 3.55 TB/s free-running). The pages hold other bytes: the results are wrong. (What
+# landed is g.constant's packed copy, read through a 3-D map: runtime/packed_weights.py.)
 _PACKED = [
     ("            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n",
      "            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n"
@@ -723,10 +722,10 @@ _PACKED = [
      "            const mk_u64 pk_band = (mk_u64)(pk_t->rows + stage_rows - 1) / stage_rows;\n"
      "            const mk_u64 pk_first = ((mk_u64)((mk_u32)c0 / (narrow ? 32u : 64u)) * pk_band\n"
      "                                     + (mk_u32)r0 / stage_rows) * MK_PAGE_BYTES;\n"),
-    ("                mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);\n"
-     "                if (second)\n"
-     "                    mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,\n"
-     "                                   &ctl.ring_full[slot], policy);\n",
+    ("                    mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);\n"
+     "                    if (second)\n"
+     "                        mk_tma_load_2d(dst + MK_PAGE_BYTES / 2, tmap, c0, k + MK_STREAM_BOX_ROWS,\n"
+     "                                       &ctl.ring_full[slot], policy);\n",
      "                {\n"
      "                    const mk_u32 pk_n = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;\n"
      "                    mk_u64 pk_off = pk_first + (mk_u64)s * MK_PAGE_BYTES;\n"

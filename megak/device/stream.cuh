@@ -171,14 +171,15 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
                  : "memory");
 }
 
-/* `bytes` contiguous bytes (a multiple of 16) at the 16-B aligned global address src into
- * shared memory at dst, one 1-D bulk copy; they complete on `bar`. */
-__device__ __forceinline__ void mk_bulk_load(mk_u32 dst, mk_u64 src, mk_u32 bytes, mk_u64* bar,
-                                             mk_u64 policy)
+/* The same for a 3-D map: the box at coordinates (c0, r0, z) (a constant B's packed copy:
+ * column, k-row, band; packed_weights.py). */
+__device__ __forceinline__ void mk_tma_load_3d(mk_u32 dst, const void* tmap, int c0, int r0,
+                                               int z, mk_u64* bar, mk_u64 policy)
 {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 : : "r"(dst), "l"(src), "r"(bytes), "r"(mk_smem_addr(bar)), "l"(policy)
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 : : "r"(dst), "l"(tmap), "r"(c0), "r"(r0), "r"(z), "r"(mk_smem_addr(bar)),
+                     "l"(policy)
                  : "memory");
 }
 

@@ -471,8 +471,8 @@ class CudaExecutor:
         self._table_bytes = round_up(abi.table_bytes(n_tensors), abi.TMAP_BYTES)
         # the slots whose maps every table carries, with their boxes; reload_queues() keeps
         # them, so a TMA operand added later has ready 0 and the device loads it itself.
-        # Constants read only as streamed B are packed instead (packed_weights.py): their map
-        # slot holds the packed pages' address in every table
+        # Constants read only as streamed B get a packed copy instead (packed_weights.py):
+        # their map, in every table, is of that copy
         self._packed_forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
         self._map_boxes = {s: b for s, b in tensor_maps.map_boxes(plan.instrs).items()
                            if s not in self._packed_forms}
@@ -548,8 +548,8 @@ class CudaExecutor:
 
     def _upload_constants(self, image: np.ndarray) -> None:
         """The graph's constants into their buffers, once: each row-major (rows padded to
-        ld), and the packed ones (packed_weights.py) also in the stream's page order, their
-        map slot and ready word in the table image. Through one pinned bounce buffer; waits
+        ld), and the packed ones (packed_weights.py) also band by band, their map (of that
+        copy) and ready word in the table image. Through one pinned bounce buffer; waits
         for the copies."""
         plan = self.plan
         if not plan.constant_values:
@@ -568,7 +568,8 @@ class CudaExecutor:
             if form is not None:
                 buf = self._packed[slot]
                 jobs.append((buf.ptr, packed_weights.pack(value, form)))
-                maps[slot] = packed_weights.descriptor(buf.ptr, *value.shape, form)
+                maps[slot] = np.frombuffer(packed_weights.encode(buf.ptr, *value.shape, form),
+                                           dtype=np.uint8)
                 ready[slot] = form
         chunk = min(_CONSTANT_BOUNCE_BYTES, max(len(data) for _, data in jobs))
         bounce = self._memory.pinned(chunk, "constants (host)")

@@ -1,7 +1,7 @@
 """Constants (Graph.constant) and the weight stream's packed B (runtime/packed_weights.py,
-instr.h mk_packed_b): the packing against the readers' page layout, which constants are
+instr.h MK_STREAM_PACKED_READY): the packed copy's layout and map, which constants are
 packed, the API's checks, and runs on the simulator (which reads packed constants back
-through the inverse) and the GPU (which streams them by 1-D bulk copies)."""
+through the inverse) and the GPU (which streams them through the packed copy's 3-D map)."""
 import numpy as np
 import pytest
 
@@ -14,7 +14,7 @@ from megak.runtime import packed_weights as pw
 from tests.reference import assert_close, evaluate
 
 BF16 = numpy_dtype("bfloat16")
-FORMS = [pw.PACKED_READY, pw.PACKED_NARROW_READY]
+FORMS = {pw.PACKED_READY: gemm.BOX_COLS, pw.PACKED_NARROW_READY: gemm.NARROW_COLS}
 
 
 def bf16(rng, shape, scale=1.0):
@@ -23,49 +23,35 @@ def bf16(rng, shape, scale=1.0):
 
 # -- the packing ----------------------------------------------------------------------------
 
-def element_at(form: int, stages: int, k: int, n: int) -> int:
-    """Byte offset of B[k, n] in the packed image, from the readers' layout as
-    device/ops/gemm_stream.cuh states it (written out here, not through pack)."""
-    if form == pw.PACKED_READY:         # 64 columns x 128 k-rows, the 128-B swizzle
-        band, col = divmod(n, 64)
-        stage, r = divmod(k, 128)
-        chunk, e = divmod(col, 8)
-        inside = 128 * r + 16 * (chunk ^ (r & 7)) + 2 * e
-    else:                               # two boxes of 32 columns x 128 k-rows, the 64-B one
-        band, col = divmod(n, 32)
-        stage, kk = divmod(k, 256)
-        half, r = divmod(kk, 128)
-        chunk, e = divmod(col, 8)
-        inside = half * 8192 + 64 * r + 16 * (chunk ^ ((r >> 1) & 3)) + 2 * e
-    return (band * stages + stage) * abi.PAGE_BYTES + inside
-
-
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("k,n", [(1, 1), (128, 64), (300, 70), (257, 33), (1024, 96)])
-def test_pack_lays_out_pages_as_the_readers_take_them(rng, form, k, n):
+def test_each_band_is_one_run_of_k_rows(rng, form, k, n):
+    width = FORMS[form]
     b = bf16(rng, (k, n))
     image = pw.pack(b, form)
-    bands, stages = pw.geometry(k, n, form)
-    assert image.dtype == np.uint8 and len(image) == bands * stages * abi.PAGE_BYTES
+    bands = -(-n // width)
+    assert image.dtype == np.uint8 and len(image) == bands * k * width * 2
     assert len(image) == pw.packed_bytes(k, n, form)
-    bits = b.view(np.uint16)
     words = image.view(np.uint16)
-    filled = np.zeros(len(words), dtype=bool)
+    bits = b.view(np.uint16)
     for kk in range(k):
-        for nn in range(n):
-            at = element_at(form, stages, kk, nn) // 2
-            assert words[at] == bits[kk, nn], (kk, nn)
-            filled[at] = True
-    assert (words[~filled] == 0).all(), "bytes past the tensor must be zeros"
+        for nn in range(bands * width):   # B[k, n] at element (band K + k) W + column
+            band, col = divmod(nn, width)
+            want = bits[kk, nn] if nn < n else 0
+            assert words[(band * k + kk) * width + col] == want, (kk, nn)
     assert (pw.unpack(image, k, n, form) == bits).all()
 
 
-def test_descriptor_is_an_mk_packed_b():
-    slot = pw.descriptor(0x7F00_0000_1000, 300, 70, pw.PACKED_NARROW_READY)
-    assert len(slot) == abi.TMAP_BYTES and abi.PACKED_B_DTYPE.itemsize == 16
-    d = slot[:16].view(abi.PACKED_B_DTYPE)[0]
-    assert (int(d["ptr"]), int(d["bands"]), int(d["stages"])) == (0x7F00_0000_1000, 3, 2)
-    assert not slot[16:].any()
+@pytest.mark.parametrize("form", list(FORMS))
+def test_the_map_reads_a_box_of_the_stream_from_one_run(form):
+    width = FORMS[form]
+    shape = pw.map_shape(1000, 200, form)
+    assert shape["dims"] == (width, 1000, -(-200 // width))
+    assert shape["strides"] == (2 * width, 2 * width * 1000)
+    assert shape["box"] == (width, gemm.BOX_ROWS, 1)
+    # a box is the page (or half-page) the 2-D map of B gives: the swizzle of its width
+    assert shape["swizzle"] == {64: "128B", 32: "64B"}[width]
+    assert 2 * width * gemm.BOX_ROWS == {64: abi.PAGE_BYTES, 32: abi.PAGE_BYTES // 2}[width]
 
 
 def chain(m, k, n, layers=2, constant=True, rng=None):
