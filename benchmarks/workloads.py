@@ -738,8 +738,9 @@ VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",
     "megak_const": "the same megakernel with the weights declared constants (g.constant): "
-                   "megak holds them, packed in the weight stream's page order (README "
-                   "\"Constant weights\"); only x is an input (Bench.time_megakernel)",
+                   "megak holds them, a streamed B also in a packed copy, each column band "
+                   "one run of k-rows (README \"Constant weights\"); only x is an input "
+                   "(Bench.time_megakernel)",
     "megak_run": "call path (W7): prog.run(out=..., **tensors) per call, launch + wait, "
                  "wall-clock from Python; the figure the W7 rows compare with",
     "megak_bound": "call path (W7): the same call bound once (bound = prog.bind(out=..., "
