@@ -942,13 +942,7 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
             if v not in done:
                 fail(v, stage, exc)
     finally:
-        if bench is not None:
-            try:
-                bench.close()
-            except Exception:
-                pass
-        if prog is not None:
-            prog.close()
+        close_bench(bench, prog)
 
     if w.build_constant is not None:
         run_constant_variant(w, quick, inputs, ref, record, fail, backend, bench_cls)
@@ -988,6 +982,17 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
     return results, failures, notes
 
 
+def close_bench(bench, prog) -> None:
+    """Free a workload's Bench (its failure to close is no result's) and its program."""
+    if bench is not None:
+        try:
+            bench.close()
+        except Exception:
+            pass
+    if prog is not None:
+        prog.close()
+
+
 def run_constant_variant(w: W.Workload, quick: bool, inputs: dict, ref, record, fail,
                          backend: str, bench_cls) -> None:
     """megak_const: the workload's graph with its weights as constants (w.build_constant),
@@ -1009,13 +1014,7 @@ def run_constant_variant(w: W.Workload, quick: bool, inputs: dict, ref, record, 
     except Exception as exc:
         fail("megak_const", "compile/timing/check", exc)
     finally:
-        if bench is not None:
-            try:
-                bench.close()
-            except Exception:
-                pass
-        if prog is not None:
-            prog.close()
+        close_bench(bench, prog)
 
 
 @dataclass
