@@ -19,8 +19,9 @@ FLAG_WORD_BYTES = 8   # a flagged element: the fp32 value and its stamp in one 6
 class TensorSlot:
     """One entry of the tensor table. ``kind``: "input" (a graph input or constant: data
     the kernel only reads), "intermediate", or "unused" (no instruction writes or reads it:
-    its op was dropped or fused away; it gets no memory); outputs name slots. ``flagged``: an fp32 intermediate held as 64-bit words, value and
-    stamp (scheduler.flagged_tensors)."""
+    its op was dropped or fused away; it gets no memory); outputs name slots. ``flagged``:
+    an fp32 intermediate held as 64-bit words, value and stamp
+    (scheduler.flagged_tensors)."""
 
     slot: int
     name: str

@@ -559,8 +559,9 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
             const int c0 = in.col0, r0 = in.k0;
             /* packed: the map is of a constant B's packed copy, whose band is one run of
              * k-rows, so a box is 16 contiguous KiB of DRAM instead of 128 row segments of
-             * 64 or 128 B (3.78 against 3.11-3.55 TB/s, benchmarks/ANALYSIS.md "The layer
-             * boundary"); its coordinates: column 0, the k-row, the band */
+             * 64 or 128 B; its coordinates: column 0, the k-row, the band. (The chains
+             * stream no faster for it: a tensor copy is row requests either way; one 1-D
+             * bulk copy a stage was 3-6% faster, benchmarks/ANALYSIS.md "Constant weights") */
             const int band = (int)((mk_u32)c0 / mk_stream_band_cols(in));
             /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
              * halves, both completing their bytes on the slot's full barrier; the second only

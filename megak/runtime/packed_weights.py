@@ -10,8 +10,10 @@ one run of K rows of W columns,
     packed[b, k, j] = B[k, W b + j]   (zeros past the last column),
 
 so every box is 16 (or 8) contiguous KiB (on the H200 such a pattern streamed at 3.78 TB/s
-against 3.11-3.55 for the boxes, benchmarks/ANALYSIS.md "The layer boundary"). The copy
-is read through a 3-D tensor map (dims {W, K, bands}, the box {W, 128, 1}, the form's
+against 3.11-3.55 for the boxes, benchmarks/ANALYSIS.md "The layer boundary"; through this
+map the chains stream no faster, a tensor copy being row requests either way: "Constant
+weights" there, with the 1-D bulk copy that was faster). The copy is read through a 3-D
+tensor map (dims {W, K, bands}, the box {W, 128, 1}, the form's
 swizzle, zeros past K): the streamer's copy at (0, k, band) lands in the page exactly as the
 2-D box at (W band, k) of B does, so the readers are unchanged. The row-major copy stays:
 every other reader (another op, a record whose band does not start on a band boundary)
@@ -40,7 +42,7 @@ def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
     TMA copy (a wgmma operand, a transpose's tile: those need B's own map). A GEMM of more
     than MK_STREAM_TILE_M rows has two row bands reading every page of B, and there the
     packed pages streamed slower than the boxes (W2-4096x8-bf16-b64 151.6 against 148.2 us
-    on one H200 lease, benchmarks/ANALYSIS.md). Sorted by slot."""
+    on one H200 lease, by 1-D bulk copies: benchmarks/ANALYSIS.md). Sorted by slot."""
     constant_slots = set(int(s) for s in constant_slots)
     if len(instrs) == 0 or not constant_slots:
         return {}
