@@ -114,8 +114,8 @@ TARGETS: dict[str, Target] = {
 }
 
 #: the megakernel itself, in its forms: never the "best other variant" it is compared with
-MEGAK_VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "megak_launch",
-                  "megak_resident", "megak_resident_bound")
+MEGAK_VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound",
+                  "megak_launch", "megak_resident", "megak_resident_bound")
 
 #: fp32 workloads whose target is for the bf16 version (shown for context, no gap)
 RELATED_TARGET = {"W2-1024x16-fp32": "W2-1024x16-bf16", "W2-4096x8-fp32": "W2-4096x8-bf16",

@@ -732,8 +732,9 @@ FACTORIES: dict[str, Callable[[], Workload | HostWorkload]] = {
 QUICK = ("W1", "W2-1024x16-fp32", "W3-4096-fp32", "W6-lower-100k", "W6-compile-cached",
          "W7-call-copy")
 
-VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "megak_launch", "megak_resident",
-            "megak_resident_bound", "separate", "graph", "graph_pdl", "torch", "torch_graph")
+VARIANTS = ("megak", "megak_trace", "megak_const", "megak_run", "megak_bound", "megak_launch",
+            "megak_resident", "megak_resident_bound", "separate", "graph", "graph_pdl", "torch",
+            "torch_graph")
 
 VARIANT_DESCRIPTIONS = {
     "megak": "the whole graph in one persistent megakernel launch (Bench.time_megakernel)",

@@ -63,8 +63,8 @@ class Plan:
     dropped_ops: list[str] = field(default_factory=list)  # labels of ops no output needs
     stream_pages: int = 0        # pages of each block's weight ring (mk_params.stream_pages;
                                  # 0: no instruction streams its weights)
-    constants: dict[str, int] = field(default_factory=dict)    # constant name -> tensor slot
-    constant_values: dict[int, np.ndarray] = field(default_factory=dict)  # slot -> its value
+    constant_values: dict[int, np.ndarray] = field(default_factory=dict)  # slot -> the value
+                                 # of a constant (Graph.constant): megak's own, uploaded once
 
     def queue(self, sm: int) -> np.ndarray:
         return self.instrs[int(self.queue_start[sm]):int(self.queue_start[sm + 1])]

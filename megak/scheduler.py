@@ -258,7 +258,6 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         op_dtypes=[op.inputs[0].dtype for op in units],
         dropped_ops=dropped,
         stream_pages=stream_pages(ins, n_pages),
-        constants={name: t.index for name, t in graph.constants.items()},
         constant_values=dict(graph.constant_values),
     )
     check_deadlock_free(plan, rank=rank)

@@ -49,8 +49,8 @@ from .errors import MegakernelError, raise_for_status
 from .ops import BY_OPCODE
 from .pages import SLOTS
 from .plan import Plan
-from .runtime.flag_model import next_stamp
 from .runtime import packed_weights
+from .runtime.flag_model import next_stamp
 
 _OK = abi.ERRORS["MK_OK"]
 _TIMEOUT = abi.ERRORS["MK_ERR_TIMEOUT"]
