@@ -35,6 +35,8 @@ PROBES = [
     ("probe_copy_hints.py", "OK: every entry compiled, 0 spills"),
     # whether multicasting each weight page to a cluster of 2 streams batch 64 faster
     ("probe_cluster_stream.py", "OK: cluster_stream compiled, 0 spills"),
+    # how fast one thread, or one warp load, sees a request entry the host writes
+    ("probe_ring_poll.py", "poll"),
 ]
 
 

@@ -1229,13 +1229,14 @@ megakernel(const mk_params* params, const mk_tensor* tensors, mk_u32 ticket,
  *
  * Ordering:
  *   - host -> relay: the host writes an entry's six words, (ticket, seq) last, each tagged
- *     with its request (instr.h, mk_request). The relay loads all six in one round
- *     trip, in no guaranteed order, and takes the entry only when every word names request
- *     s: a word read before the host rewrote it names s - MK_RING_SLOTS (or 0 in a fresh
- *     ring), so the relay never mixes two requests' words and polls again instead. The load
- *     of (ticket, seq) is ld.acquire.sys: what the host wrote before posting (the tensor
- *     table, a program's params) happens before the relay's later reads and, through go,
- *     the blocks'.
+ *     with its request (instr.h, mk_request). The relay's warp loads all six in one warp
+ *     load (lane i word i), in no guaranteed order, and takes the entry only when every
+ *     word names request s: a word read before the host rewrote it names s - MK_RING_SLOTS
+ *     (or 0 in a fresh ring), so the relay never mixes two requests' words and polls again
+ *     instead. Every lane's load is ld.acquire.sys, lane 0's that of the params word, which
+ *     the host writes first: what the host wrote before posting (the tensor table, a
+ *     program's params) happens before lane 0's later reads and writes (the mirror, go)
+ *     and, through go, the blocks'.
  *   - relay -> blocks: the mirror entry's writes, then st.release go; a block's relaxed poll
  *     of go reaching s, then fence.acquire (which also invalidates its SM's L1: tensor
  *     tables and params the host wrote since are read fresh), then the entry. The entry's
@@ -1327,7 +1328,8 @@ __device__ __forceinline__ bool mk_all_seen(const mk_u32* seen, mk_u32 grid, mk_
     return ok;
 }
 
-/* The last block, warp 9: the relay (see above); lane 0 leads, the warp scans seen[]. It
+/* The last block, warp 9: the relay (see above); the warp polls the ring together, lane 0
+ * publishes, the warp scans seen[]. It
  * lives in the last block because block 0 takes part in every invocation and often closes it.
  * Polls of the host ring over PCIe, from any SM, stretch the closing block's fence.sc.sys
  * (traced on a one-copy request: 1.5 us while the relay polls, 0.5 us without, as in a
@@ -1344,31 +1346,42 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
         mk_u64 params = 0, tensors = 0, queue_start = 0, run_state = 0;
         mk_u32 ticket = 0, n_sm = 0, reason = 0;
         /* R1. request s from the ring, and request s - 1 closed; the idle clock runs only
-         * while nothing is running and nothing is asked */
-        if (lane == 0) {
-            const mk_request* e = reinterpret_cast<const mk_request*>(a.ring) + s % MK_RING_SLOTS;
+         * while nothing is running and nothing is asked. The whole warp polls (its values
+         * uniform: the clock and `closed` are lane 0's, shuffled), so that the ring entry's
+         * six words are one warp load, lane i < 6 word i: one PCIe round trip a poll. One
+         * thread's loads of host memory are served one after another (~0.8 us each on the
+         * H200): the six from lane 0 made a poll 5.1 us and a request's hand-over 10.3 us,
+         * against 1.3 and 3.0 in one warp load (tools/probe_ring_poll.py). */
+        {
+            const mk_u64* e = reinterpret_cast<const mk_u64*>(
+                reinterpret_cast<const mk_request*>(a.ring) + s % MK_RING_SLOTS);
+            static_assert(sizeof(mk_request) == 6 * sizeof(mk_u64), "six ring words");
             const mk_u64 tag = (mk_u64)(s & 0xffffu) << MK_REQUEST_TAG_SHIFT;
             const mk_u64 tag_mask = 0xffffull << MK_REQUEST_TAG_SHIFT;
             const mk_u32 n_sm_tag = (s & 0xffffu) << MK_REQUEST_N_SM_SHIFT;
             bool taken = false, closed = false;
-            const mk_u64 start = mk_globaltimer();
+            const mk_u64 start = __shfl_sync(0xffffffffu, mk_globaltimer(), 0);
             mk_u64 idle_since = 0;
             bool first_round = true;
             while (!(taken && closed)) {
                 /* every load of this round in flight together: one PCIe round trip for the
-                 * ring entry (the acquire is last: it orders nothing before it). While
-                 * request s - 1 runs the ring is read in the first round only: polls over
-                 * PCIe beside it stretch its closing fence.sc.sys (see above) */
-                const mk_u64 done = closed ? 0ull : mk_ld_relaxed_u64(&res->closed);
-                if (!taken && (closed || first_round)) {
-                    const mk_u64 w0 = mk_ld_relaxed_sys_u64(&e->params);
-                    const mk_u64 w1 = mk_ld_relaxed_sys_u64(&e->tensors);
-                    const mk_u64 w2 = mk_ld_relaxed_sys_u64(&e->queue_start);
-                    const mk_u64 w3 = mk_ld_relaxed_sys_u64(&e->run_state);
-                    const mk_u32 w4 = (mk_u32)mk_ld_relaxed_sys_u64(
-                        reinterpret_cast<const mk_u64*>(&e->n_sm));     /* n_sm | pad << 32 */
-                    const mk_u64 w5 = mk_ld_acquire_sys_u64(
-                        reinterpret_cast<const mk_u64*>(&e->ticket));   /* ticket | seq << 32 */
+                 * ring entry. While request s - 1 runs the ring is read in the first round
+                 * only: polls over PCIe beside it stretch its closing fence.sc.sys (see
+                 * above) */
+                mk_u64 done = 0ull, word = 0ull;
+                if (lane == 0 && !closed)
+                    done = mk_ld_relaxed_u64(&res->closed);
+                const bool read = !taken && (closed || first_round);
+                if (read && lane < 6u)
+                    word = mk_ld_acquire_sys_u64(e + lane);
+                done = __shfl_sync(0xffffffffu, done, 0);
+                if (read) {
+                    const mk_u64 w0 = __shfl_sync(0xffffffffu, word, 0);   /* params */
+                    const mk_u64 w1 = __shfl_sync(0xffffffffu, word, 1);   /* tensors */
+                    const mk_u64 w2 = __shfl_sync(0xffffffffu, word, 2);   /* queue_start */
+                    const mk_u64 w3 = __shfl_sync(0xffffffffu, word, 3);   /* run_state */
+                    const mk_u32 w4 = (mk_u32)__shfl_sync(0xffffffffu, word, 4); /* n_sm | pad */
+                    const mk_u64 w5 = __shfl_sync(0xffffffffu, word, 5);   /* ticket | seq */
                     if ((mk_u32)(w5 >> 32) == s && (w0 & tag_mask) == tag &&
                         (w1 & tag_mask) == tag && (w2 & tag_mask) == tag &&
                         (w3 & tag_mask) == tag && (w4 & 0xffff0000u) == n_sm_tag) {
@@ -1390,7 +1403,7 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
                     }
                 }
                 first_round = false;
-                const mk_u64 now = mk_globaltimer();
+                const mk_u64 now = __shfl_sync(0xffffffffu, mk_globaltimer(), 0);
                 if (!closed && now - start > a.wait_ns) {
                     reason = MK_RESIDENT_LOST;
                     break;
@@ -1407,7 +1420,6 @@ __device__ __noinline__ void mk_relay(const mk_resident_args& a, mk_u32 lane)
             if (reason == 0 && params == 0ull)
                 reason = MK_RESIDENT_CLOSED;
         }
-        reason = __shfl_sync(0xffffffffu, reason, 0);
         /* R2. mirror slot s % MK_MIRROR_SLOTS is free once every block has read request
          * s - MK_MIRROR_SLOTS. The blocks are rarely behind: look only when `safe` says so,
          * and then ask for s - 1 first (good for the next MK_MIRROR_SLOTS - 1 requests). */

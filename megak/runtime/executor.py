@@ -844,7 +844,6 @@ class CudaExecutor:
         ticket, binding); the program words as ResidentKernel.post takes them: the params,
         queue_start and run_state addresses and n_sm."""
         with self._lock:
-            self._current()
             self._check_usable()
             if self._host.error_pending():
                 self._raise_pending()
@@ -852,6 +851,8 @@ class CudaExecutor:
                 self._check_io(inputs, outputs)
             h = self._h
             queued = bool(inputs) or self.debug or binding is None
+            if queued or not binding.uploaded:
+                self._current()   # driver calls follow; a bound, uploaded request makes none
             if binding is None:
                 binding = self._binding(external or {}, h)   # may queue the table's upload
             elif not binding.live:
@@ -882,12 +883,12 @@ class CudaExecutor:
     def finish_request(self, ticket: int) -> dict[int, np.ndarray]:
         """A resident request the device has finished: its error, else its numpy outputs."""
         with self._lock:
-            self._current()
             self._check_usable()
             outputs, _, _ = self._pending.pop(ticket, ([], False, None))
             self._raise_pending()
             if not outputs:
                 return {}
+            self._current()   # the copies back are driver calls
             for slot in outputs:
                 tb = self._tensors[slot]
                 mem.dtoh(self._stage(slot).ptr, tb.buf.ptr,

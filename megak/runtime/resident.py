@@ -57,6 +57,10 @@ _REQ_WORDS = abi.REQUEST_DTYPE.itemsize // 4
 _REQ = {name: abi.REQUEST_DTYPE.fields[name][1] // 4 for name in abi.REQUEST_DTYPE.names}
 _VIEW = {name: abi.RESIDENT_VIEW_DTYPE.fields[name][1] // 4
          for name in abi.RESIDENT_VIEW_DTYPE.names}
+# a request's 8-byte words, from its slot's first (post writes them on every request)
+_PARAMS, _TENSORS, _QUEUE_START, _RUN_STATE, _N_SM, _TICKET = (
+    _REQ[name] // 2 for name in ("params", "tensors", "queue_start", "run_state", "n_sm",
+                                 "ticket"))
 
 
 def reached(value: int, s: int) -> bool:
@@ -121,8 +125,9 @@ class ResidentKernel:
     def post(self, program, tensors: int, ticket: int, deadline: float) -> int:
         """Write one request into the ring; returns its number. ``program``: the words that
         name the program, (params, queue_start, run_state, n_sm) device addresses and its
-        SM count (Executor.prepare_request), or None: leave."""
-        self._memory.make_current()   # any thread may call (Memory.make_current)
+        SM count (Executor.prepare_request), or None: leave. Any thread may call: it writes
+        mapped memory only, and what calls the driver (kick's launch, the stream check)
+        makes the context current itself."""
         s = self.next
         while not self._slot_free(s):
             self.kick()
@@ -141,16 +146,15 @@ class ResidentKernel:
         if n_sm >> N_SM_SHIFT:
             raise MegakernelError(f"cuda: a program on {n_sm} SMs cannot be posted: the ring's "
                                   f"n_sm word carries its request number above bit {N_SM_SHIFT}")
-        slot = s % RING_SLOTS
-        base64 = slot * _REQ_WORDS // 2
+        at = (s % RING_SLOTS) * _REQ_WORDS // 2
         tag = (s & 0xFFFF) << TAG_SHIFT                 # each word names its request
         ring = self._ring64
-        ring[base64 + _REQ["params"] // 2] = params | tag
-        ring[base64 + _REQ["tensors"] // 2] = tensors | tag
-        ring[base64 + _REQ["queue_start"] // 2] = queue_start | tag
-        ring[base64 + _REQ["run_state"] // 2] = run_state | tag
-        ring[base64 + _REQ["n_sm"] // 2] = n_sm | (s & 0xFFFF) << N_SM_SHIFT
-        ring[base64 + _REQ["ticket"] // 2] = ticket | s << 32   # last: (ticket, seq)
+        ring[at + _PARAMS] = params | tag      # first: the relay's lane 0 reads it with acquire
+        ring[at + _TENSORS] = tensors | tag
+        ring[at + _QUEUE_START] = queue_start | tag
+        ring[at + _RUN_STATE] = run_state | tag
+        ring[at + _N_SM] = n_sm | (s & 0xFFFF) << N_SM_SHIFT
+        ring[at + _TICKET] = ticket | s << 32   # last: (ticket, seq)
         self.next = (s + 1) & _U32
         self.kick()
         return s
