@@ -42,15 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # run from a chec
 from megak.runtime import memory as mem  # noqa: E402
 from megak.runtime.compiler import compile_source  # noqa: E402
 from megak.runtime.driver import _bindings, check, device_info  # noqa: E402
-from probe_ptx import compile_only  # noqa: E402  (tools/, beside this file)
+from probe_ptx import PRELUDE, compile_only  # noqa: E402  (tools/, beside this file)
 
 MODES = ("one-word", "six-words", "three-v2", "six-volatile", "warp-v2", "warp-u64")
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned long long u64;
-__device__ __forceinline__ u64 now_ns()
-{ u64 t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+SOURCE = PRELUDE + r"""
 __device__ __forceinline__ u64 ld_relaxed_sys(const u64* p)
 { u64 v; asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v; }
 __device__ __forceinline__ u64 ld_acquire_sys(const u64* p)
@@ -74,7 +70,7 @@ extern "C" __global__ void poll(const u64* entry, volatile u32* host, u32 n_req,
     u64 rounds = 0, polled_ns = 0, sink = 0;
     for (u32 s = 1; s <= n_req; ++s) {
         const u64 tag = (u64)(s & 0xffffu) << 48, mask = 0xffffull << 48;
-        const u64 t0 = now_ns();
+        const u64 t0 = now();
         bool taken = false;
         u64 n = 0;
         while (!taken) {
@@ -123,7 +119,7 @@ extern "C" __global__ void poll(const u64* entry, volatile u32* host, u32 n_req,
                 taken = taken && (w[i] & mask) == tag;
             if (taken)
                 sink += w[0] + w[1] + w[2] + w[3] + w[4];
-            if (!taken && now_ns() - t0 > idle_ns) {
+            if (!taken && now() - t0 > idle_ns) {
                 if (lane == 0) {
                     __threadfence_system();
                     host[1] = 2;
@@ -132,7 +128,7 @@ extern "C" __global__ void poll(const u64* entry, volatile u32* host, u32 n_req,
             }
         }
         rounds += n;
-        polled_ns += now_ns() - t0;
+        polled_ns += now() - t0;
         if (lane == 0) {
             __threadfence_system();
             host[0] = s;
