@@ -23,9 +23,10 @@ one polling thread, for each way of polling:
 
 and, per mode, the device's own time per polling round (%globaltimer over the rounds it
 polled before the request arrived): whether the six loads of a round are in flight together
-(one PCIe round trip) or one after another.
+(one PCIe round trip) or one after another. --l2: the same polls of an entry in device
+memory that never names a request, for 2 ms each: a round's time on L2.
 
-    python tools/probe_ring_poll.py [--n 2000]
+    python tools/probe_ring_poll.py [--n 2000] [--l2]
     python tools/probe_ring_poll.py --compile-only   # no GPU: cubin for sm_90a, ptxas info
 """
 import argparse
@@ -60,7 +61,7 @@ __device__ __forceinline__ void ld_acquire_sys_v2(const u64* p, u64& a, u64& b)
 
 /* entry: 6 u64 words; words 0-4 carry the request number in their top 16 bits, word 5 is
  * (ticket | seq << 32). host[0]: the last request seen (device writes), host[1]: exit
- * (1 done, 2 idle), host[2..3]: rounds polled and ns spent polling, summed over requests. */
+ * (1 done, 2 idle), host[2..3]: rounds polled and us spent polling, summed over requests. */
 extern "C" __global__ void poll(const u64* entry, volatile u32* host, u32 n_req, u32 mode,
                                 u64 idle_ns)
 {
@@ -120,7 +121,9 @@ extern "C" __global__ void poll(const u64* entry, volatile u32* host, u32 n_req,
             if (taken)
                 sink += w[0] + w[1] + w[2] + w[3] + w[4];
             if (!taken && now() - t0 > idle_ns) {
-                if (lane == 0) {
+                if (lane == 0) {   /* what it polled, for --l2: a request never comes */
+                    host[2] = (u32)(rounds + n);
+                    host[3] = (u32)((polled_ns + now() - t0) / 1000u);
                     __threadfence_system();
                     host[1] = 2;
                 }
@@ -152,6 +155,10 @@ def compile_probe(arch):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--l2", action="store_true",
+                    help="also poll an entry in device memory (L2) that never names a request, "
+                         "for each mode's time a round: whether one thread's strong loads of L2 "
+                         "are served one after another too")
     ap.add_argument("--compile-only", action="store_true",
                     help="compile for sm_90a with NVRTC (no GPU), print ptxas info, exit")
     a = ap.parse_args(argv)
@@ -204,6 +211,23 @@ def main(argv=None) -> int:
               f"p10 {np.percentile(ts, 10) / 1e3:6.2f}, p90 {np.percentile(ts, 90) / 1e3:6.2f}; "
               f"device: {rounds / a.n:5.2f} rounds a request, {per_round:7.1f} ns a round "
               f"(exit {host_w[1]})", flush=True)
+    if a.l2:
+        dev_entry = m.device(64, "entry (device)")
+        mem.memset32(dev_entry.ptr, 0, 16, h)
+        for mode, name in enumerate(MODES):
+            host_w[:] = 0
+            args = [ctypes.c_uint64(dev_entry.ptr), ctypes.c_uint64(host.device_ptr),
+                    ctypes.c_uint32(1), ctypes.c_uint32(mode), ctypes.c_uint64(2_000_000)]
+            argv_ = (ctypes.c_void_p * len(args))(*[ctypes.addressof(x) for x in args])
+            check(drv.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, h, ctypes.addressof(argv_),
+                                     0), "cuLaunchKernel")
+            t_end = time.monotonic() + 5
+            while int(drv.cuStreamQuery(h)[0]) != 0 and time.monotonic() < t_end:
+                time.sleep(1e-4)
+            rounds, polled_us = int(host_w[2]), int(host_w[3])
+            per_round = 1e3 * polled_us / rounds if rounds else float("nan")
+            print(f"{name:12s} L2 entry (2 ms of polls): {per_round:7.1f} ns a round "
+                  f"({rounds} rounds, exit {host_w[1]})", flush=True)
     m.close()
     return 0
 
