@@ -9,11 +9,21 @@ program with no instruction, and the hidden-1024 x 16 bf16 chain.
   submit+wait r.submit(...).wait(), as the benchmark times it
   and, beside them, prog.run on the same tensors.
 
-    python tools/probe_resident_path.py
+--split: instead, for the copy and the program with no instruction, one request's round trip
+split where the host can see it (medians of 2,700 requests, the first 300 of 3,000 dropped):
+the host's ring write (ResidentKernel.post, Python), post -> the relay's `view.taken` seen
+(its poll seeing the entry, its mirror and `go`, `taken` crossing PCIe), `taken` -> done seen
+(the request on the device and its completion word crossing PCIe); then post + spin on the
+completion alone after a pause of 0, 20 and 100 us between requests (the relay idle-polling
+for that long).
+
+    python tools/probe_resident_path.py [--split]
 """
+import argparse
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import megak
@@ -28,13 +38,18 @@ def med(fn, n=1000):
     return statistics.median(ts[n // 10:]) / 1e3
 
 
-def probe(name, g, make):
-    prog = megak.compile(g, backend="cuda")
-    tin = make(g)
-    outs = {k: torch.empty(prog.plan.output_shapes[k], device="cuda",
+def in_place_outputs(prog):
+    """A torch tensor for every output the program writes in place (its out=)."""
+    return {k: torch.empty(prog.plan.output_shapes[k], device="cuda",
                            dtype=torch.bfloat16 if prog.plan.tensors[s].dtype == "bfloat16"
                            else torch.float32)
             for k, s in prog.plan.outputs.items() if prog._writes_in_place(k)}
+
+
+def probe(name, g, make):
+    prog = megak.compile(g, backend="cuda")
+    tin = make(g)
+    outs = in_place_outputs(prog)
     torch.cuda.synchronize()
     run = med(lambda: prog.run(out=outs, **tin), 300)
     ex = prog._executor
@@ -69,6 +84,55 @@ def probe(name, g, make):
     prog.close()
 
 
+def split(name, g, make):
+    """--split: one request's round trip, split at the relay's view.taken."""
+    from megak.runtime.resident import _VIEW
+    prog = megak.compile(g, backend="cuda")
+    tin, outs = make(g), in_place_outputs(prog)
+    torch.cuda.synchronize()
+    ex = prog._executor
+    with megak.resident(prog, idle_s=10) as r:
+        k = r._kernel
+        r.submit(prog, out=outs, **tin).wait()
+        _, words, table, _ = prog._prepare_request(tin, outs)
+
+        def post():
+            t = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
+            return t, k.post(words, table, t, time.monotonic() + 10)
+
+        rows = []
+        for _ in range(3000):
+            t0 = time.perf_counter_ns()
+            t, s = post()
+            t1 = time.perf_counter_ns()
+            while k._view[_VIEW["taken"]] != s:
+                pass
+            t2 = time.perf_counter_ns()
+            while not ex.done(t):
+                pass
+            rows.append((t1 - t0, t2 - t1, time.perf_counter_ns() - t2))
+        a = np.array(rows[300:]) / 1e3
+        total = a.sum(axis=1)
+        print(f"{name}: post {np.median(a[:, 0]):.2f}  post->taken seen {np.median(a[:, 1]):.2f}  "
+              f"taken->done seen {np.median(a[:, 2]):.2f}  total {np.median(total):.2f} us "
+              f"(p10 {np.percentile(total, 10):.2f} p90 {np.percentile(total, 90):.2f})",
+              flush=True)
+        for pause_us in (0, 20, 100):
+            ts = []
+            for _ in range(1500):
+                t0 = time.perf_counter_ns()
+                t, _ = post()
+                while not ex.done(t):
+                    pass
+                ts.append(time.perf_counter_ns() - t0)
+                end = time.perf_counter_ns() + pause_us * 1000
+                while time.perf_counter_ns() < end:
+                    pass
+            print(f"{name}: post+spin after a {pause_us} us pause: "
+                  f"{statistics.median(ts[150:]) / 1e3:.2f} us", flush=True)
+    prog.close()
+
+
 def copy_graph(g=None):
     g = megak.Graph()
     g.output(g.copy(g.input("x", (1, 32))), "y")
@@ -96,6 +160,13 @@ def tensors(g):
 
 
 def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--split", action="store_true",
+                    help="a request's round trip split at the relay's view.taken")
+    if ap.parse_args().split:
+        split("copy", copy_graph(), tensors)
+        split("empty", empty_graph(), tensors)
+        return
     probe("copy", copy_graph(), tensors)
 
     probe("mlp1024", chain(), tensors)

@@ -179,15 +179,29 @@ def main(argv=None) -> int:
     host_w = host.array(np.uint32, (16,))
     stream = dev.create_stream()
     h = stream.handle
-    for mode, name in enumerate(MODES):
-        for i in range(8):
-            words[i] = 0
+
+    def launch(entry_ptr: int, n_req: int, mode: int, idle_ns: int) -> None:
+        """One block of 32 threads polling `entry_ptr` for n_req requests; host[] cleared."""
         host_w[:] = 0
-        args = [ctypes.c_uint64(entry.device_ptr), ctypes.c_uint64(host.device_ptr),
-                ctypes.c_uint32(a.n), ctypes.c_uint32(mode), ctypes.c_uint64(int(2e9))]
+        args = [ctypes.c_uint64(entry_ptr), ctypes.c_uint64(host.device_ptr),
+                ctypes.c_uint32(n_req), ctypes.c_uint32(mode), ctypes.c_uint64(idle_ns)]
         argv_ = (ctypes.c_void_p * len(args))(*[ctypes.addressof(x) for x in args])
         check(drv.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, h, ctypes.addressof(argv_), 0),
               "cuLaunchKernel")
+
+    def finished() -> None:
+        t_end = time.monotonic() + 5
+        while int(drv.cuStreamQuery(h)[0]) != 0 and time.monotonic() < t_end:
+            time.sleep(1e-4)
+
+    def ns_a_round() -> tuple[float, int]:
+        rounds, polled_us = int(host_w[2]), int(host_w[3])
+        return (1e3 * polled_us / rounds if rounds else float("nan")), rounds
+
+    for mode, name in enumerate(MODES):
+        for i in range(8):
+            words[i] = 0
+        launch(entry.device_ptr, a.n, mode, int(2e9))
         time.sleep(0.01)
         ts = []
         for s in range(1, a.n + 1):
@@ -201,12 +215,9 @@ def main(argv=None) -> int:
                 if time.monotonic() > deadline:
                     break
             ts.append(time.perf_counter_ns() - t0)
-        t_end = time.monotonic() + 5
-        while int(drv.cuStreamQuery(h)[0]) != 0 and time.monotonic() < t_end:
-            time.sleep(1e-4)
+        finished()
         ts = ts[100:]
-        rounds, polled_us = int(host_w[2]), int(host_w[3])
-        per_round = 1e3 * polled_us / rounds if rounds else float("nan")
+        per_round, rounds = ns_a_round()
         print(f"{name:12s} write -> completion seen: median {statistics.median(ts) / 1e3:6.2f} us, "
               f"p10 {np.percentile(ts, 10) / 1e3:6.2f}, p90 {np.percentile(ts, 90) / 1e3:6.2f}; "
               f"device: {rounds / a.n:5.2f} rounds a request, {per_round:7.1f} ns a round "
@@ -215,17 +226,9 @@ def main(argv=None) -> int:
         dev_entry = m.device(64, "entry (device)")
         mem.memset32(dev_entry.ptr, 0, 16, h)
         for mode, name in enumerate(MODES):
-            host_w[:] = 0
-            args = [ctypes.c_uint64(dev_entry.ptr), ctypes.c_uint64(host.device_ptr),
-                    ctypes.c_uint32(1), ctypes.c_uint32(mode), ctypes.c_uint64(2_000_000)]
-            argv_ = (ctypes.c_void_p * len(args))(*[ctypes.addressof(x) for x in args])
-            check(drv.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, h, ctypes.addressof(argv_),
-                                     0), "cuLaunchKernel")
-            t_end = time.monotonic() + 5
-            while int(drv.cuStreamQuery(h)[0]) != 0 and time.monotonic() < t_end:
-                time.sleep(1e-4)
-            rounds, polled_us = int(host_w[2]), int(host_w[3])
-            per_round = 1e3 * polled_us / rounds if rounds else float("nan")
+            launch(dev_entry.ptr, 1, mode, 2_000_000)
+            finished()
+            per_round, rounds = ns_a_round()
             print(f"{name:12s} L2 entry (2 ms of polls): {per_round:7.1f} ns a round "
                   f"({rounds} rounds, exit {host_w[1]})", flush=True)
     m.close()

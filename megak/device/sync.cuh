@@ -98,16 +98,9 @@ __device__ __forceinline__ void mk_red_relaxed_add(mk_u32* p, mk_u32 v)
 
 /* ---- mapped pinned host memory (system scope): the resident kernel's request ring ------ */
 
-/* Reads of host memory the host writes (x86 stores reach memory in program order): relaxed,
- * or an acquire at system scope, after which this thread's reads see at least what the host
- * wrote before the word read. */
-__device__ __forceinline__ mk_u64 mk_ld_relaxed_sys_u64(const mk_u64* p)
-{
-    mk_u64 v;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
+/* A read of host memory the host writes (x86 stores reach memory in program order): an
+ * acquire at system scope, after which this thread's reads see at least what the host wrote
+ * before the word read. */
 __device__ __forceinline__ mk_u64 mk_ld_acquire_sys_u64(const mk_u64* p)
 {
     mk_u64 v;
