@@ -46,6 +46,19 @@ def in_place_outputs(prog):
             for k, s in prog.plan.outputs.items() if prog._writes_in_place(k)}
 
 
+def poster(prog, r, tin, outs):
+    """After one submit of the call on resident `r`: a function that posts it again raw
+    (ResidentKernel.post, none of submit's Python) and returns (ticket, request number)."""
+    ex, k = prog._executor, r._kernel
+    r.submit(prog, out=outs, **tin).wait()
+    _, words, table, _ = prog._prepare_request(tin, outs)
+
+    def post():
+        t = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
+        return t, k.post(words, table, t, time.monotonic() + 10)
+    return post
+
+
 def probe(name, g, make):
     prog = megak.compile(g, backend="cuda")
     tin = make(g)
@@ -54,13 +67,10 @@ def probe(name, g, make):
     run = med(lambda: prog.run(out=outs, **tin), 300)
     ex = prog._executor
     with megak.resident(prog, idle_s=10) as r:
-        k = r._kernel
-        r.submit(prog, out=outs, **tin).wait()
-        call, params, table, _ = prog._prepare_request(tin, outs)
+        post = poster(prog, r, tin, outs)
 
         def post_spin():
-            t = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
-            k.post(params, table, t, time.monotonic() + 10)
+            t, _ = post()
             while not ex.done(t):
                 pass
         raw = med(post_spin)
@@ -93,13 +103,7 @@ def split(name, g, make):
     ex = prog._executor
     with megak.resident(prog, idle_s=10) as r:
         k = r._kernel
-        r.submit(prog, out=outs, **tin).wait()
-        _, words, table, _ = prog._prepare_request(tin, outs)
-
-        def post():
-            t = ex._ticket = (ex._ticket + 1) & 0xFFFFFFFF or 1
-            return t, k.post(words, table, t, time.monotonic() + 10)
-
+        post = poster(prog, r, tin, outs)
         rows = []
         for _ in range(3000):
             t0 = time.perf_counter_ns()
