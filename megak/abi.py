@@ -84,6 +84,7 @@ FLAG_STREAM_NARROW = FLAGS["MK_FLAG_STREAM_NARROW"]
 BODY_GEMM_TILED = BODIES["MK_BODY_GEMM_TILED"]
 BODY_GEMM_STREAM = BODIES["MK_BODY_GEMM_STREAM"]
 BODY_GEMM_WGMMA = BODIES["MK_BODY_GEMM_WGMMA"]
+BODY_STREAM_PACKED = BODIES["MK_BODY_STREAM_PACKED"]
 # sm_state.counter of a poll of a flagged word past its deadline: this bit | the tensor slot
 FLAG_WAIT = _enum("mk_flag_wait")["MK_FLAG_WAIT"]
 DTYPE_F32_FLAG = DTYPES["MK_DTYPE_F32_FLAG"]
@@ -123,6 +124,7 @@ def numpy_dtype(ctype: str) -> np.dtype:
 
 INSTR_DTYPE = numpy_dtype("mk_instr")
 TENSOR_DTYPE = numpy_dtype("mk_tensor")
+PACKED_B_DTYPE = numpy_dtype("mk_packed_b")
 STATUS_DTYPE = numpy_dtype("mk_status")
 SM_STATE_DTYPE = numpy_dtype("mk_sm_state")
 PARAMS_DTYPE = numpy_dtype("mk_params")

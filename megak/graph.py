@@ -94,9 +94,9 @@ class Graph:
         row; float32 or bfloat16, its dtype kept: megak never casts), and every run of the
         compiled program reads that copy: it is not a keyword of ``run()``, and changing
         ``value`` afterwards changes nothing (compile the graph again, or use an input).
-        On the GPU a constant that is the B of streamed GEMMs (bf16, batch <= 32) also gets
-        a copy laid out for the weight stream, each page 16 contiguous KiB (README
-        "Constant weights"): twice its bytes of GPU memory."""
+        On the GPU a constant that is the B of streamed GEMMs (bf16, batch <= 32) is also
+        kept in the weight stream's page order, one bulk copy per page (README "Constant
+        weights"): twice its bytes of GPU memory."""
         self._check_name(name, "constant")
         host = _host_copy(value, f"constant {name!r}")
         shape = _check_shape(host.shape, f"constant {name!r}")

@@ -53,6 +53,10 @@ def kernel(request, cache_dir):
 
 @pytest.fixture(scope="module")
 def ptx() -> str:
+    return _ptx()
+
+
+def _ptx(defines: dict | None = None) -> str:
     """The megakernel as PTX, through NVRTC directly (cuda.core asks the driver before it hands
     out PTX, and this machine may have none). compute_90a: the same front end as the cubin."""
     from cuda.bindings import nvrtc
@@ -61,6 +65,7 @@ def ptx() -> str:
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, err
     try:
         opts = [b"--gpu-architecture=compute_90a", b"--std=c++17"]
+        opts += [f"-D{k}={v}".encode() for k, v in (defines or {}).items()]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             _, n = nvrtc.nvrtcGetProgramLogSize(prog)
@@ -135,6 +140,21 @@ def _plain_name(mangled: str) -> str:
     """mk_gemm_bf16 of _Z12mk_gemm_bf16RK8mk_instr... (the length-prefixed first name)."""
     m = re.match(r"_Z(\d+)", mangled)
     return mangled[len(m.group(0)):len(m.group(0)) + int(m.group(1))] if m else mangled
+
+
+def test_only_a_packed_stream_build_copies_b_as_pages():
+    # a constant B packed for the stream is read by 1-D bulk copies, its readers' lanes each
+    # handing the page back (stream.cuh, MK_RING_LANE_ARRIVALS); a build without
+    # MK_BODY_STREAM_PACKED holds neither: tensor copies, lane 0's hand-back
+    from megak import abi
+    stream = (1 << abi.OP_NOP) | (1 << abi.OPCODE_OF["gemm"]) | abi.BODY_GEMM_STREAM
+    bulk = re.compile(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier")
+    tensor = re.compile(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global")
+    plain = _ptx(compiler.bodies_defines(stream))
+    packed = _ptx(compiler.bodies_defines(stream | abi.BODY_STREAM_PACKED))
+    assert tensor.search(plain) and tensor.search(packed)
+    assert not bulk.search(plain)
+    assert bulk.search(packed)
 
 
 def test_bf16_path_uses_tensor_cores_in_ptx(ptx):

@@ -31,7 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import megak                        # noqa: E402  (after the path)
-from megak import ops               # noqa: E402
 from megak.runtime import compiler  # noqa: E402
 
 N_SM = 132   # the H200's SMs: the lowering (split-K, bands) depends on it
@@ -44,7 +43,7 @@ class Recorder:
         self.bodies: dict[int, int] = {}
 
     def pytest_configure(self, config):
-        from megak.runtime import driver, executor
+        from megak.runtime import driver, executor, packed_weights
         compile_ = megak.compile
         recorder = self
 
@@ -53,7 +52,8 @@ class Recorder:
                 return compile_(graph, backend=backend, **options)
             kept = {k: v for k, v in options.items() if k == "n_pages"}
             plan = compile_(graph, backend="sim", n_sm=N_SM, **kept).plan
-            mask = ops.bodies(plan.instrs)
+            mask = executor.program_bodies(
+                plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))
             recorder.bodies[mask] = recorder.bodies.get(mask, 0) + 1
             pytest.skip("bodies recorded")
 

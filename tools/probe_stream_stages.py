@@ -144,7 +144,7 @@ __device__ __noinline__ void mkp_watch(const mk_instr* queue, mk_u32 n, mk_u32 l
 _LOADER_DOC = "/* The loader warp (warp MK_THREADS / 32; 32 lanes, few registers): runs up to MK_SLOTS - 1"
 _IDLE_WARPS = "            mk_streamer(queue, ctl.n, lane);\n        else\n            return;\n"
 
-_STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot],\n"
+_STREAMER_ISSUE = "                mk_mbar_expect_tx(&ctl.ring_full[slot], bytes);\n"
 
 
 _STREAMER_HOLD = '                mk_stream_hold_wait(ctl);   /* stream.cuh, "The hold" */\n'
@@ -683,9 +683,9 @@ def tail_gate(c):
          "                    while (atomicOr(&ctl.kloops_done, 0u) < jrec && mk_globaltimer() < until && !mk_ring_stopped()) {\n"
          "                    }\n"
          "                }\n"),
-        ("            const mk_u32 stages = mk_stream_stages(in, p, &packed);\n"
+        ("            const mk_u32 stages = mk_stream_stages(in, p, &pk);\n"
          "            if (stages == 0)\n                continue;\n",
-         "            const mk_u32 stages = mk_stream_stages(in, p, &packed);\n"
+         "            const mk_u32 stages = mk_stream_stages(in, p, &pk);\n"
          "            if (stages == 0)\n                continue;\n"
          "            const mk_u32 jrec_now = jrec;\n"),
         ("                                       &ctl.ring_full[slot], policy);\n                }\n            }\n",
@@ -712,7 +712,8 @@ def hold_short(num, den):
 # would hold them (page images pre-swizzled on the host), so the DRAM sees whole 16 KiB runs
 # instead of 64- or 128-B row segments (tools/probe_weight_stream.py --layouts: 3.78 against
 # 3.11 / 3.55 TB/s free-running). The pages hold other bytes: the results are wrong. (What
-# landed is g.constant's packed copy, read through a 3-D map: runtime/packed_weights.py.)
+# landed is g.constant's packed copy, read the same way by a build with
+# MK_BODY_STREAM_PACKED: runtime/packed_weights.py.)
 _PACKED = [
     ("            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n",
      "            const mk_u32 stage_rows = mk_stream_stage_rows(in);\n"
@@ -832,9 +833,9 @@ MARKS = [
     ("        __syncwarp();                         /* every lane's A copies visible to the warp */\n",
      "        __syncwarp();                         /* every lane's A copies visible to the warp */\n"
      "        if (lane == 0) MKP(pos, 2);\n"),
-    ("        __syncwarp();\n        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n",
-     "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
-     "        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */\n"),
+    ("        /* a phase is MK_STREAM_READERS readers' arrivals, MTS readers per stage */\n",
+     "        if (lane == 0) MKP(pos, 4);\n"
+     "        /* a phase is MK_STREAM_READERS readers' arrivals, MTS readers per stage */\n"),
     # the same in the 1-8 row loop (its A chunk of the next turn is requested at this turn's
     # start, so "A wait" there is this turn's chunk, requested a turn earlier)
     ("#pragma unroll 1\n    for (int s = s0; s < nst; s += step) {\n"
@@ -849,9 +850,9 @@ MARKS = [
     ("        __syncwarp();                         /* every lane's copies of it visible to the warp */\n",
      "        __syncwarp();                         /* every lane's copies of it visible to the warp */\n"
      "        if (lane == 0) MKP(pos, 2);\n"),
-    ("        __syncwarp();\n        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */\n",
-     "        __syncwarp();\n        if (lane == 0) MKP(pos, 4);\n"
-     "        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */\n"),
+    ("        /* one of the stage's two readers: half a phase's arrivals */\n",
+     "        if (lane == 0) MKP(pos, 4);\n"
+     "        /* one of the stage's two readers: half a phase's arrivals */\n"),
     # the instruction's tail, at its first position (streamed instructions only)
     (_RUN_TAIL, _RUN_TAIL_MARKED),
     ("    mk_compute_sync();   /* every warp is done with the A ring (pages 0-1) and box (page 2) */\n",

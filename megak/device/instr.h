@@ -100,13 +100,13 @@ enum mk_op_shapes {
                                   is 64 B, the 64-B swizzle span; two boxes make a page */
     MK_STREAM_NARROW_READY = 65536 + 128, /* the ready word of a narrow map: 2^16 + its box
                                   rows (MK_STREAM_BOX_ROWS) */
-    MK_STREAM_PACKED_READY = 262144 + 128, /* the ready word of a constant B's packed copy
-                                  for wide bands (2^18 + box rows): map i is then a 3-D map of
-                                  that copy (megak/runtime/packed_weights.py), each band's
-                                  MK_STREAM_BOX_COLS columns one run of k-rows, so a box is 16
-                                  contiguous KiB of DRAM */
-    MK_STREAM_PACKED_NARROW_READY = 262144 + 65536 + 128, /* the same for narrow bands
-                                  (MK_STREAM_NARROW_COLS columns, the 64-B swizzle) */
+    MK_STREAM_PACKED_READY = 262144 + 128, /* the ready word of a constant B packed for wide
+                                  bands (2^18 + box rows): its map slot holds an mk_packed_b, a
+                                  band of MK_STREAM_BOX_COLS columns is one run of pages, each
+                                  a stage as the 128-B swizzle lays it out */
+    MK_STREAM_PACKED_NARROW_READY = 262144 + 65536 + 128, /* the same for narrow bands: pages
+                                  of two 32-column boxes stacked, each as the 64-B swizzle
+                                  lays it out */
     MK_STREAM_READERS = 2,     /* arrivals that free a ring page: a stage is read by one warp
                                   per m16 tile of its instruction (each its share of the box's
                                   k-rows), or per box of a narrow band's stage; the one reader
@@ -208,7 +208,12 @@ enum mk_flags {
 enum mk_bodies {
     MK_BODY_GEMM_TILED = 1 << 16,   /* fp32 and bf16 tiles (ops/gemm.cuh, gemm_bf16.cuh) */
     MK_BODY_GEMM_STREAM = 1 << 17,  /* MK_FLAG_STREAM (ops/gemm_stream.cuh) */
-    MK_BODY_GEMM_WGMMA = 1 << 18    /* MK_FLAG_WGMMA (ops/gemm_wgmma.cuh) */
+    MK_BODY_GEMM_WGMMA = 1 << 18,   /* MK_FLAG_WGMMA (ops/gemm_wgmma.cuh) */
+    MK_BODY_STREAM_PACKED = 1 << 19 /* streamed B packed for the stream (a constant's pages,
+                                       mk_packed_b): stages by 1-D bulk copies, every reader
+                                       lane handing its page back (stream.cuh). A build
+                                       without it streams no packed B: such a record loads
+                                       B itself, from the row-major copy */
 };
 #ifndef MK_BODIES
 #define MK_BODIES 0xffffffffu
@@ -273,6 +278,18 @@ typedef struct mk_instr {
     mk_u32 param;         /* the op's fp32 scalar as bits: softmax scale, norm epsilon */
 } mk_instr;
 
+/* A constant B in the weight stream's page order (MK_STREAM_PACKED_READY or
+ * MK_STREAM_PACKED_NARROW_READY in ready[i]), in map slot i instead of a CUtensorMap: stage s
+ * of column band b (b = col0 / band columns, s from k0 / stage rows) is the MK_PAGE_BYTES
+ * page at ptr + (b * stages + s) * MK_PAGE_BYTES, zeros past the tensor. The entry's own ptr
+ * stays the row-major copy, which every other reader uses (megak/runtime/packed_weights.py
+ * writes both). */
+typedef struct mk_packed_b {
+    mk_u64 ptr;
+    mk_u32 bands;       /* column bands: ceil(cols / band columns) */
+    mk_u32 stages;      /* pages per band: ceil(rows / stage rows) */
+} mk_packed_b;
+
 /* One entry of the tensor table: a row-major 2-D view with leading dimension ld (elements).
  *
  * A tensor table of n entries is followed, in the same buffer, by the tensor maps of its TMA
@@ -284,10 +301,9 @@ typedef struct mk_instr {
  * (MK_STREAM_BOX_ROWS: B of a streamed GEMM or A of a wgmma GEMM; MK_WGMMA_B_BOX_ROWS: B of a
  * wgmma GEMM; MK_STREAM_NARROW_READY: B of a narrow streamed band; MK_TRANSPOSE_READY: A or OUT
  * of a transpose; MK_STREAM_PACKED_READY / MK_STREAM_PACKED_NARROW_READY: a constant B of
- * streamed bands, its map one of the packed copy, the entry's ptr the row-major copy that
- * every other reader uses), 0 where it was not (not 16-B aligned, or not needed: the op then
- * loads the operand itself). runtime/tensor_maps.py and runtime/packed_weights.py write
- * them. */
+ * streamed bands, its slot an mk_packed_b instead of a map), 0 where it was not (not 16-B
+ * aligned, or not needed: the op then loads the operand itself). runtime/tensor_maps.py
+ * writes them. */
 typedef struct mk_tensor {
     mk_u64 ptr;
     mk_u32 rows;

@@ -502,7 +502,7 @@ __device__ mk_u32 mk_loader_ring_pages(mk_control& ctl, mk_slot& s, mk_u32 q,
 
 /* Stages of the weight stream record `in` takes (stream.cuh); 0 for every other record. */
 __device__ __forceinline__ mk_u32 mk_stream_stages(const mk_instr& in, const mk_params& p,
-                                                   bool* packed = nullptr)
+                                                   mk_packed_b* packed = nullptr)
 {
     return MK_BUILT(MK_BODY_GEMM_STREAM) ? mk_gemm_stream_stages(in, p, packed) : 0u;
 }
@@ -551,18 +551,17 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
         bool go = true;
         for (mk_u32 q = 0; q < n && go; ++q) {
             const mk_instr& in = queue[q];   /* global: host-written before the invocation */
-            bool packed = false;
-            const mk_u32 stages = mk_stream_stages(in, p, &packed);
+            mk_packed_b pk;
+            const mk_u32 stages = mk_stream_stages(in, p, &pk);
             if (stages == 0)
                 continue;
+            /* packed != 0: a constant B packed for the stream, each stage one 1-D bulk copy
+             * of its page, the record's pages one run from here (whole 16 KiB runs of DRAM
+             * instead of a box's 64- or 128-B row segments: 3.78 against 3.11-3.55 TB/s,
+             * benchmarks/ANALYSIS.md "The layer boundary") */
+            const mk_u64 packed = pk.ptr != 0u ? mk_packed_first(in, pk) : 0u;
             const void* tmap = tmaps + (mk_u64)MK_TMAP_BYTES * in.tensor[MK_ARG_B];
             const int c0 = in.col0, r0 = in.k0;
-            /* packed: the map is of a constant B's packed copy, whose band is one run of
-             * k-rows, so a box is 16 contiguous KiB of DRAM instead of 128 row segments of
-             * 64 or 128 B; its coordinates: column 0, the k-row, the band. (The chains
-             * stream no faster for it: a tensor copy is row requests either way; one 1-D
-             * bulk copy a stage was 3-6% faster, benchmarks/ANALYSIS.md "Constant weights") */
-            const int band = (int)((mk_u32)c0 / mk_stream_band_cols(in));
             /* a narrow band's stage: two boxes of 32 columns, k-rows stacked, in the page's
              * halves, both completing their bytes on the slot's full barrier; the second only
              * where it starts inside the record's k range (its reader skips it otherwise,
@@ -580,13 +579,11 @@ __device__ __noinline__ void mk_streamer(const mk_instr* queue, mk_u32 n, mk_u32
                 const int k = r0 + (int)(s * stage_rows);
                 const bool second = narrow && mk_stream_second_box(in, s);
                 mk_issued_publish(&ctl.ring_issued[slot], pos);   /* stream.cuh */
-                mk_mbar_expect_tx(&ctl.ring_full[slot],
-                                  narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES);
-                if (packed) {
-                    mk_tma_load_3d(dst, tmap, 0, k, band, &ctl.ring_full[slot], policy);
-                    if (second)
-                        mk_tma_load_3d(dst + MK_PAGE_BYTES / 2, tmap, 0, k + MK_STREAM_BOX_ROWS,
-                                       band, &ctl.ring_full[slot], policy);
+                const mk_u32 bytes = narrow && !second ? MK_PAGE_BYTES / 2 : MK_PAGE_BYTES;
+                mk_mbar_expect_tx(&ctl.ring_full[slot], bytes);
+                if (packed != 0u) {
+                    mk_bulk_load(dst, packed + (mk_u64)s * MK_PAGE_BYTES, bytes,
+                                 &ctl.ring_full[slot], policy);
                 } else {
                     mk_tma_load_2d(dst, tmap, c0, k, &ctl.ring_full[slot], policy);
                     if (second)

@@ -58,13 +58,15 @@
  *     pos - R was read, hence landed; and pos + R cannot be issued before the reader itself
  *     arrives: the slot's phase is that of pos or the one before. Thread 0 sets
  *     every ring_issued to ~0 (no position) in the set-up.
- *   - reader -> next copy into the slot (write after read): each warp that reads a page
- *     orders its lanes' reads (ldmatrix, generic proxy) before its lane 0's arrive on
- *     ring_empty[slot] (__syncwarp, then the arrive's release); the streamer's try_wait of
- *     that phase (acquire) happens before it issues the next copy into the page. A phase is
- *     MK_STREAM_READERS (2) arrivals: one from each of a stage's two readers, or two at once
- *     from its only reader, so it completes only once every warp that reads the page is
- *     done with it.
+ *   - reader -> next copy into the slot (write after read): a warp that reads a page hands
+ *     it back on ring_empty[slot] after its lanes' reads (ldmatrix, generic proxy;
+ *     mk_ring_hand_back: every lane's own arrive in a build with MK_BODY_STREAM_PACKED, else
+ *     lane 0's after __syncwarp, which orders the warp's reads before it by cumulativity;
+ *     the arrive's release either way); the streamer's try_wait of that phase (acquire)
+ *     happens before it issues the next copy into the page. A phase is MK_STREAM_READERS
+ *     (2) x MK_RING_LANE_ARRIVALS arrivals: each of a stage's two readers once, or twice at
+ *     once for its only reader, so it completes only once every warp that reads the page
+ *     is done with it.
  *   - generic writes -> copies: a ring page may have been written by generic stores before
  *     this invocation (another program of the resident kernel used the page through the
  *     allocator). The streamer issues fence.proxy.async before its first copy, after the
@@ -171,15 +173,14 @@ __device__ __forceinline__ void mk_tma_load_2d(mk_u32 dst, const void* tmap, int
                  : "memory");
 }
 
-/* The same for a 3-D map: the box at coordinates (c0, r0, z) (a constant B's packed copy:
- * column, k-row, band; packed_weights.py). */
-__device__ __forceinline__ void mk_tma_load_3d(mk_u32 dst, const void* tmap, int c0, int r0,
-                                               int z, mk_u64* bar, mk_u64 policy)
+/* `bytes` contiguous bytes (a multiple of 16) at the 16-B aligned global address src into
+ * shared memory at dst, one 1-D bulk copy; they complete on `bar`. */
+__device__ __forceinline__ void mk_bulk_load(mk_u32 dst, mk_u64 src, mk_u32 bytes, mk_u64* bar,
+                                             mk_u64 policy)
 {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
-                 : : "r"(dst), "l"(tmap), "r"(c0), "r"(r0), "r"(z), "r"(mk_smem_addr(bar)),
-                     "l"(policy)
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 : : "r"(dst), "l"(src), "r"(bytes), "r"(mk_smem_addr(bar)), "l"(policy)
                  : "memory");
 }
 
@@ -216,11 +217,33 @@ __device__ __forceinline__ void mk_bulk_wait_written()
     asm volatile("fence.proxy.async.global;" : : : "memory");
 }
 
+/* Arrivals on ring_empty per reader warp of a stage. Where the build streams packed B by
+ * 1-D bulk copies (MK_BODY_STREAM_PACKED), every lane arrives for its own reads: racecheck
+ * follows a lane's own release, not lane 0's release on behalf of the warp (cumulativity),
+ * and it tracks a bulk copy's writes as the issuing thread's (a tensor copy's not at all), so
+ * lane 0's hand-back reads to it as hundreds of thousands of WAR hazards between the readers'
+ * ldmatrix and the next copy into the page. Every other build keeps lane 0's single arrive:
+ * the 32 cost the input-weight chains 0.7% (benchmarks/ANALYSIS.md "Constant weights"). */
+#define MK_RING_LANE_ARRIVALS (MK_BUILT(MK_BODY_STREAM_PACKED) ? 32u : 1u)
+
+/* A reader warp is done with its stage's page (every lane calls it): `readers` of the
+ * phase's MK_STREAM_READERS arrivals, MK_RING_LANE_ARRIVALS times over. */
+__device__ __forceinline__ void mk_ring_hand_back(mk_u64* empty, mk_u32 readers, int lane)
+{
+    if (MK_RING_LANE_ARRIVALS == 1u) {
+        __syncwarp();   /* every lane's reads of the page before lane 0's release */
+        if (lane == 0)
+            mk_mbar_arrive_count(empty, readers);
+    } else {
+        mk_mbar_arrive_count(empty, readers);
+    }
+}
+
 /* Ring barriers of an invocation: full needs the streamer's arrival plus the copy's bytes,
- * empty MK_STREAM_READERS arrivals (each reader of the stage's, or its one reader's two);
- * ring_issued says "no
- * position". Thread 0, in the set-up; `was` = how many were initialised before (the resident
- * kernel's previous request): invalidated first. */
+ * empty MK_STREAM_READERS x MK_RING_LANE_ARRIVALS arrivals (each reader of the stage, or its
+ * one reader twice); ring_issued says "no position". Thread 0, in the set-up; `was` = how
+ * many were initialised before (the resident kernel's previous request): invalidated
+ * first. */
 __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32 now)
 {
     for (mk_u32 i = 0; i < was; ++i) {
@@ -229,7 +252,7 @@ __device__ __forceinline__ void mk_ring_init(mk_control& ctl, mk_u32 was, mk_u32
     }
     for (mk_u32 i = 0; i < now; ++i) {
         mk_mbar_init(&ctl.ring_full[i], 1u);
-        mk_mbar_init(&ctl.ring_empty[i], (mk_u32)MK_STREAM_READERS);
+        mk_mbar_init(&ctl.ring_empty[i], (mk_u32)MK_STREAM_READERS * MK_RING_LANE_ARRIVALS);
         ctl.ring_issued[i] = ~0u;
     }
     if (now > 0)

@@ -191,6 +191,13 @@ def _shutdown(state: dict, memory: mem.Memory | None, streams: list,
                       RuntimeWarning, stacklevel=2)
 
 
+def program_bodies(instrs: np.ndarray, packed_forms: dict) -> int:
+    """The MK_BODIES a program's kernel is built with: its records' bodies (ops.bodies), and
+    the packed stream (MK_BODY_STREAM_PACKED) where it has packed constants (`packed_forms`,
+    packed_weights.packed_forms): only a build that holds it streams their pages."""
+    return ops_bodies(instrs) | (abi.BODY_STREAM_PACKED if packed_forms else 0)
+
+
 class CudaExecutor:
     """Runs `plan` on one GPU (``device``, default 0) as one cooperative megakernel.
 
@@ -261,9 +268,12 @@ class CudaExecutor:
         # (trace, MK_WGMMA_ONLY build: 0 none, 1 n256, 2 n128, MK_BODIES or None: every body)
         # -> (compiled, object code, kernel, info)
         self._variants: dict[tuple[bool, int, int | None], tuple] = {}
+        # Constants read only as streamed B get a packed copy (packed_weights.py): their map
+        # slot holds the packed pages' address in every table
+        self._packed_forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
         # the op bodies the plan's records run (instr.h, enum mk_bodies): its kernel holds
         # only those, so an SM's instruction cache holds what the program runs
-        self.bodies = ops_bodies(plan.instrs)
+        self.bodies = self._plan_bodies()
         self.compiled, _, _, self.kernel_info = self._variant(trace=False)
         self._wgmma_slots = None   # set with the tables (_upload_tables)
         self._own_wgmma_only = None
@@ -351,6 +361,9 @@ class CudaExecutor:
             kinfo = self._configure_kernel(kernel)
             self._variants[key] = (compiled, code, kernel, kinfo)
         return self._variants[key]
+
+    def _plan_bodies(self) -> int:
+        return program_bodies(self.plan.instrs, self._packed_forms)
 
     def _use_bodies(self, bodies: int) -> None:
         """Run a build of these op bodies (MK_BODIES) from the next launch on."""
@@ -470,10 +483,8 @@ class CudaExecutor:
         # (tensor_maps.py); tables side by side stay 128-B aligned, as the maps must be
         self._table_bytes = round_up(abi.table_bytes(n_tensors), abi.TMAP_BYTES)
         # the slots whose maps every table carries, with their boxes; reload_queues() keeps
-        # them, so a TMA operand added later has ready 0 and the device loads it itself.
-        # Constants read only as streamed B get a packed copy instead (packed_weights.py):
-        # their map, in every table, is of that copy
-        self._packed_forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
+        # them, so a TMA operand added later has ready 0 and the device loads it itself;
+        # packed constants have none
         self._map_boxes = {s: b for s, b in tensor_maps.map_boxes(plan.instrs).items()
                            if s not in self._packed_forms}
         packed = [(slot, packed_weights.packed_bytes(*plan.constant_values[slot].shape, ready))
@@ -548,8 +559,8 @@ class CudaExecutor:
 
     def _upload_constants(self, image: np.ndarray) -> None:
         """The graph's constants into their buffers, once: each row-major (rows padded to
-        ld), and the packed ones (packed_weights.py) also band by band, their map (of that
-        copy) and ready word in the table image. Through one pinned bounce buffer; waits
+        ld), and the packed ones (packed_weights.py) also in the stream's page order, their
+        map slot and ready word in the table image. Through one pinned bounce buffer; waits
         for the copies."""
         plan = self.plan
         if not plan.constant_values:
@@ -568,8 +579,7 @@ class CudaExecutor:
             if form is not None:
                 buf = self._packed[slot]
                 jobs.append((buf.ptr, packed_weights.pack(value, form)))
-                maps[slot] = np.frombuffer(packed_weights.encode(buf.ptr, *value.shape, form),
-                                           dtype=np.uint8)
+                maps[slot] = packed_weights.descriptor(buf.ptr, *value.shape, form)
                 ready[slot] = form
         chunk = min(_CONSTANT_BOUNCE_BYTES, max(len(data) for _, data in jobs))
         bounce = self._memory.pinned(chunk, "constants (host)")
@@ -713,7 +723,7 @@ class CudaExecutor:
             self._write_params()
             self._find_wgmma_only()
             self._wait_stream("uploading the queues")
-            self._use_bodies(ops_bodies(self.plan.instrs))   # edited records may run others
+            self._use_bodies(self._plan_bodies())   # edited records may run others
 
     def run(self, inputs: dict[int, np.ndarray], outputs: list[int],
             trace: bool = False, external: dict | None = None,

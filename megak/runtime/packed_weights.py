@@ -1,48 +1,55 @@
-"""Constant weights packed for the weight stream (`Graph.constant`, instr.h
-MK_STREAM_PACKED_READY).
+"""Constant weights packed for the weight stream (`Graph.constant`, instr.h `mk_packed_b`).
 
-A streamed GEMM's B arrives one ring page per stage (device/ops/gemm_stream.cuh): a box of
-64 (wide bands) or 2 x 32 (narrow bands) columns by 128 k-rows, which from a row-major B is
-128 row segments of 128 or 64 bytes, 2 or 4 KiB apart. A constant B, which megak holds
-itself, also gets a packed copy: column band b (columns [W b, W b + W), W = 64 or 32) is
-one run of K rows of W columns,
+A streamed GEMM's B arrives one ring page per stage (device/ops/gemm_stream.cuh): through a
+tensor map that is a 2-D box of 64 (wide bands) or 2 x 32 (narrow bands) columns, which DRAM
+serves as 128- or 64-byte row segments. A constant B, which megak holds itself, is also kept
+packed: every page's bytes laid out as the stage's readers take them, a band's pages one run,
+so each stage is one 1-D bulk copy of 16 KiB (on the H200 the packed pattern streamed at
+3.78 TB/s against 3.11-3.55 for the boxes, benchmarks/ANALYSIS.md "The layer boundary").
+Only a build holding the packed stream (instr.h MK_BODY_STREAM_PACKED) copies these pages;
+the executor builds it for a program with packed constants and no other, since its reader
+hand-back costs the chains on input weights (device/stream.cuh, MK_RING_LANE_ARRIVALS).
 
-    packed[b, k, j] = B[k, W b + j]   (zeros past the last column),
+    wide   (MK_STREAM_PACKED_READY): band b = columns [64 b, 64 b + 64), stage s = k-rows
+           [128 s, 128 s + 128); k-row r of the stage at byte 128 r, its 16-B chunk c
+           (columns 8 c .. 8 c + 7) at chunk c ^ (r & 7) (the 128-B swizzle)
+    narrow (MK_STREAM_PACKED_NARROW_READY): band b = columns [32 b, 32 b + 32), stage s =
+           k-rows [256 s, 256 s + 256) as two boxes of 128 in the page's halves; k-row r of a
+           box at byte 64 r of its half, chunk c (c < 4) at chunk c ^ ((r / 2) & 3) (the 64-B
+           swizzle)
 
-so every box is 16 (or 8) contiguous KiB (on the H200 such a pattern streamed at 3.78 TB/s
-against 3.11-3.55 for the boxes, benchmarks/ANALYSIS.md "The layer boundary"; through this
-map the chains stream no faster, a tensor copy being row requests either way: "Constant
-weights" there, with the 1-D bulk copy that was faster). The copy is read through a 3-D
-tensor map (dims {W, K, bands}, the box {W, 128, 1}, the form's
-swizzle, zeros past K): the streamer's copy at (0, k, band) lands in the page exactly as the
-2-D box at (W band, k) of B does, so the readers are unchanged. The row-major copy stays:
-every other reader (another op, a record whose band does not start on a band boundary)
-reads it. Pure host code but `encode`: the CUDA executor uploads what `pack` makes, the
-simulator reads its constants back through `unpack`, so a packing that does not invert is
-caught on the CPU.
+Page (b, s) is at (b * stages + s) * 16 KiB, zeros past the tensor's rows and columns. The
+row-major copy stays too: every reader other than the stream (another op, a record the
+device finds does not fit the packed geometry) reads that one. Pure host code: the CUDA
+executor uploads what `pack` makes, the simulator reads its constants back through `unpack`,
+so a packing that does not invert is caught on the CPU.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import abi
-from . import tensor_maps
 
+PAGE_BYTES = abi.PAGE_BYTES
 PACKED_READY = abi.OP_SHAPES["MK_STREAM_PACKED_READY"]
 PACKED_NARROW_READY = abi.OP_SHAPES["MK_STREAM_PACKED_NARROW_READY"]
-# ready word -> (band columns, swizzle of the box)
-_FORMS = {PACKED_READY: (abi.STREAM_BOX_COLS, "128B"),
-          PACKED_NARROW_READY: (abi.OP_SHAPES["MK_STREAM_NARROW_COLS"], "64B")}
-_BF16_BYTES = 2
+_BOX_ROWS = abi.STREAM_BOX_ROWS
+# ready word -> (band columns, stage rows, boxes per page, 16-B chunks per box row, swizzle
+# row shift: chunk c of k-row r sits at c ^ ((r >> shift) & (chunks - 1)))
+_FORMS = {
+    PACKED_READY: (abi.STREAM_BOX_COLS, _BOX_ROWS, 1, 8, 0),
+    PACKED_NARROW_READY: (abi.OP_SHAPES["MK_STREAM_NARROW_COLS"], 2 * _BOX_ROWS, 2, 4, 1),
+}
+_CHUNK = 8          # bf16 per 16-B chunk
 
 
 def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
     """{slot: ready word} of the constants worth packing: those read as the B of streamed GEMM
     records of one form (all wide or all narrow), each page by one record, and by no other
-    TMA copy (a wgmma operand, a transpose's tile: those need B's own map). A GEMM of more
+    TMA copy (a wgmma operand, a transpose's tile: those need the tensor map). A GEMM of more
     than MK_STREAM_TILE_M rows has two row bands reading every page of B, and there the
     packed pages streamed slower than the boxes (W2-4096x8-bf16-b64 151.6 against 148.2 us
-    on one H200 lease, by 1-D bulk copies: benchmarks/ANALYSIS.md). Sorted by slot."""
+    on one H200 lease, benchmarks/ANALYSIS.md). Sorted by slot."""
     constant_slots = set(int(s) for s in constant_slots)
     if len(instrs) == 0 or not constant_slots:
         return {}
@@ -72,50 +79,61 @@ def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
     return forms
 
 
-def bands(cols: int, ready: int) -> int:
-    """Column bands of a B of `cols` columns packed for `ready`'s form."""
-    return -(-cols // _FORMS[ready][0])
+def geometry(rows: int, cols: int, ready: int) -> tuple[int, int]:
+    """(bands, stages per band) of a rows x cols B packed for `ready`'s form."""
+    band_cols, stage_rows = _FORMS[ready][:2]
+    return -(-cols // band_cols), -(-rows // stage_rows)
 
 
 def packed_bytes(rows: int, cols: int, ready: int) -> int:
-    return bands(cols, ready) * rows * _FORMS[ready][0] * _BF16_BYTES
+    bands, stages = geometry(rows, cols, ready)
+    return bands * stages * PAGE_BYTES
+
+
+def _swizzle(rows: int, chunks: int, shift: int) -> np.ndarray:
+    """[r, p]: the chunk stored at position p of k-row r (the xor is its own inverse)."""
+    r = np.arange(rows)[:, None]
+    return np.arange(chunks)[None, :] ^ ((r >> shift) & (chunks - 1))
 
 
 def pack(b: np.ndarray, ready: int) -> np.ndarray:
-    """The packed copy (uint8, `packed_bytes` long) of the 2-D bf16 array `b` (k-rows x
+    """The packed image (uint8, `packed_bytes` long) of the 2-D bf16 array `b` (k-rows x
     columns; ml_dtypes bfloat16 or its uint16 bits) for `ready`'s form."""
-    width = _FORMS[ready][0]
+    band_cols, stage_rows, boxes, chunks, shift = _FORMS[ready]
     bits = np.ascontiguousarray(b).view(np.uint16)
     if bits.ndim != 2:
         raise ValueError(f"pack() takes a 2-D array, got shape {bits.shape}")
     rows, cols = bits.shape
-    padded = np.zeros((rows, bands(cols, ready) * width), dtype=np.uint16)
-    padded[:, :cols] = bits
-    runs = padded.reshape(rows, -1, width).transpose(1, 0, 2)     # (band, k-row, column)
-    return np.ascontiguousarray(runs).view(np.uint8).reshape(-1)
+    bands, stages = geometry(rows, cols, ready)
+    padded = np.zeros((stages * stage_rows, bands * band_cols), dtype=np.uint16)
+    padded[:rows, :cols] = bits
+    box_rows = stage_rows // boxes
+    # (band, stage, box, k-row, chunk, element)
+    tiles = padded.reshape(stages, boxes, box_rows, bands, chunks, _CHUNK)
+    tiles = tiles.transpose(3, 0, 1, 2, 4, 5)
+    stored = tiles[:, :, :, np.arange(box_rows)[:, None], _swizzle(box_rows, chunks, shift)]
+    return np.ascontiguousarray(stored).view(np.uint8).reshape(-1)
 
 
 def unpack(image: np.ndarray, rows: int, cols: int, ready: int) -> np.ndarray:
-    """The rows x cols uint16 bf16 bits `image` holds in `ready`'s form: `pack`'s inverse,
-    read as the map reads it (band b's k-row k at (b K + k) W elements)."""
-    width = _FORMS[ready][0]
-    runs = np.ascontiguousarray(image).view(np.uint16).reshape(bands(cols, ready), rows, width)
-    return np.ascontiguousarray(runs.transpose(1, 0, 2).reshape(rows, -1)[:, :cols])
+    """The rows x cols uint16 bf16 bits that `image` holds in `ready`'s form: `pack`'s
+    inverse, read as the device's readers read a page."""
+    band_cols, stage_rows, boxes, chunks, shift = _FORMS[ready]
+    bands, stages = geometry(rows, cols, ready)
+    box_rows = stage_rows // boxes
+    stored = np.ascontiguousarray(image).view(np.uint16).reshape(
+        bands, stages, boxes, box_rows, chunks, _CHUNK)
+    tiles = stored[:, :, :, np.arange(box_rows)[:, None], _swizzle(box_rows, chunks, shift)]
+    padded = tiles.transpose(1, 2, 3, 0, 4, 5).reshape(stages * stage_rows, bands * band_cols)
+    return np.ascontiguousarray(padded[:rows, :cols])
 
 
-def map_shape(rows: int, cols: int, ready: int) -> dict:
-    """The 3-D tensor map of a packed copy, as cuTensorMapEncodeTiled takes it (innermost
-    first): dims {W, K, bands}, byte strides of dims 1 and 2, the box {W, 128, 1} (a box of
-    the streamed form: instr.h MK_STREAM_BOX_ROWS rows) and its swizzle."""
-    width, swizzle = _FORMS[ready]
-    return {"dims": (width, rows, bands(cols, ready)),
-            "strides": (width * _BF16_BYTES, rows * width * _BF16_BYTES),
-            "box": (width, abi.STREAM_BOX_ROWS, 1), "swizzle": swizzle}
-
-
-def encode(ptr: int, rows: int, cols: int, ready: int) -> bytes:
-    """The 128-byte CUtensorMap of the packed copy at device address `ptr` (`map_shape`).
-    A host-only driver call."""
-    shape = map_shape(rows, cols, ready)
-    return tensor_maps.encode_tiled(abi.DTYPES["MK_DTYPE_BF16"], ptr, shape["dims"],
-                                    shape["strides"], shape["box"], shape["swizzle"])
+def descriptor(ptr: int, rows: int, cols: int, ready: int) -> np.ndarray:
+    """The map slot (abi.TMAP_BYTES, uint8) of a packed B at device address `ptr`: an
+    mk_packed_b, zeros after it."""
+    slot = np.zeros(abi.TMAP_BYTES, dtype=np.uint8)
+    desc = np.zeros(1, dtype=abi.PACKED_B_DTYPE)
+    desc[0]["ptr"] = ptr
+    desc[0]["bands"], desc[0]["stages"] = geometry(rows, cols, ready)
+    slot[:abi.PACKED_B_DTYPE.itemsize] = desc.view(np.uint8)
+    return slot

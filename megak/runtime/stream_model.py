@@ -35,7 +35,11 @@ serves many requests; each invocation has its own queue and ring size R = stream
             wait until issued[slot] == pos, then full[slot] with parity (pos // R) & 1,
             polling ring_stop between tries (set: leave); read the page; arrive on
             empty[slot] with a count of READERS / r; the others' it passes by (pos still
-            counts them). The issued word is what makes the parity wait exact: a parity
+            counts them). With `lanes` L > 1 (the build with the packed stream, whose 32
+            lanes each hand the page back: stream.cuh, MK_RING_LANE_ARRIVALS) each of the
+            warp's L lanes reads its share of the page and then arrives itself, and empty[i]
+            expects READERS x L arrivals; with L = 1 the warp's read is one step and its
+            lane 0 arrives for it (the build without it: __syncwarp, then lane 0). The issued word is what makes the parity wait exact: a parity
             tells apart two phases only, and the warp has not read pos - R itself. Injected failures, at
             the start of an instruction: one warp sets ring_stop and leaves, or the whole
             compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
@@ -113,6 +117,9 @@ tests can show the checks catch it:
                              every stage, while only the stage's readers arrive;
     reader_arrives_for_all   each reader of a two-reader stage arrives with the count of a
                              stage's only reader (2), as if it read the page alone;
+    lane_count_for_warp      with lanes > 1, empty[i] expects READERS arrivals (one a warp,
+                             as in the build where lane 0 hands the page back) while every
+                             lane arrives;
     no_issued_word           the warps wait on full's parity alone, as when every warp read
                              every stage;
     hold_at_entry            the hold is raised as the instruction starts, before its stages
@@ -374,8 +381,11 @@ class RingModel:
                  no_drain: bool = False, streamer_ignores_ready: bool = False,
                  silent_failure: bool = False, empty_count_per_warp: bool = False,
                  no_issued_word: bool = False, reader_arrives_for_all: bool = False,
-                 hold_at_entry: bool = False, hold_unbounded: bool = False):
+                 hold_at_entry: bool = False, hold_unbounded: bool = False,
+                 lanes: int = 1, lane_count_for_warp: bool = False):
         self.invocations = list(invocations)
+        if lanes < 1:
+            raise ValueError(f"a reader warp has at least one lane, got {lanes}")
         for inv in self.invocations:
             if not 0 <= inv.ring <= MAX_RING:
                 raise ValueError(f"ring of {inv.ring} pages: 0..{MAX_RING}")
@@ -393,7 +403,9 @@ class RingModel:
         self.no_drain = no_drain
         self.streamer_ignores_ready = streamer_ignores_ready
         self.silent_failure = silent_failure
-        self.empty_count = WARPS if empty_count_per_warp else READERS
+        self.lanes = lanes   # arrivals a reader warp makes on empty, one a lane (1: lane 0's)
+        self.empty_count = (WARPS if empty_count_per_warp else READERS) * \
+            (1 if lane_count_for_warp else lanes)
         self.no_issued_word = no_issued_word
         self.reader_arrives_for_all = reader_arrives_for_all
         self.hold_at_entry = hold_at_entry
@@ -650,14 +662,15 @@ class RingModel:
                 if stop:
                     self.truth.gone[n].add(w)
                     return
-                if self.arrive_before_read:
-                    self.empty[slot].arrive(count=arrivals)
+                for lane in range(self.lanes):   # each lane its share, then its own arrive
+                    if self.arrive_before_read:
+                        self.empty[slot].arrive(count=arrivals)
+                        yield PROGRESS
+                    self._read(n, w, pos, slot, (i, k), record, lane == self.lanes - 1)
                     yield PROGRESS
-                self._read(n, w, pos, slot, (i, k), record)
-                yield PROGRESS
-                if not self.arrive_before_read:
-                    self.empty[slot].arrive(count=arrivals)
-                    yield PROGRESS
+                    if not self.arrive_before_read:
+                        self.empty[slot].arrive(count=arrivals)
+                        yield PROGRESS
                 pos += 1
             arrived = self._arrive(n, i, "tail") if record.hold else 0
             if tail_failure and arrived < WARPS:
@@ -683,8 +696,9 @@ class RingModel:
                 yield PROGRESS
 
     def _read(self, n: int, w: int, pos: int, slot: int, stage: tuple[int, int],
-              record: Record) -> None:
-        """Rules 5 and 1: the stage warp w takes from pos, and the page it finds there."""
+              record: Record, whole: bool = True) -> None:
+        """Rules 5 and 1: the stage warp w (one of its lanes) takes from pos, and the page it
+        finds there; `whole`: the warp's last lane, after which the warp has read the stage."""
         t = self.truth
         sequence = t.sequence[n]
         _require(pos < len(sequence) and sequence[pos] == stage and
@@ -693,6 +707,8 @@ class RingModel:
         page = self.pages[slot]
         _require(page == Page(n, *stage), 1, f"invocation {n}: warp {w} reads position {pos} "
                                              f"{stage} from slot {slot} and finds {page}")
+        if not whole:
+            return
         t.consumed[n, w].append(stage)
         t.reads.setdefault((n, pos), set()).add(w)
 

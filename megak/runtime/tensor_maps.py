@@ -162,25 +162,17 @@ def encode(ptr: int, rows: int, cols: int, ld: int, box: int = STREAM_BOX_ROWS) 
     """The 128-byte CUtensorMap of a (rows x cols, leading dimension ld) tensor of the box's
     element type (`map_dtype`) at device address ptr, boxes of `box_shape(box)`. A host-only
     driver call: no stream, no sync."""
-    box_cols, box_rows, swizzle = box_shape(box)
-    dtype = map_dtype(box)
-    return encode_tiled(dtype, ptr, (cols, rows), (_BYTES[dtype] * ld,), (box_cols, box_rows),
-                        swizzle)
-
-
-def encode_tiled(dtype: int, ptr: int, dims, strides, box, swizzle: str) -> bytes:
-    """cuTensorMapEncodeTiled of a tensor of `dtype` (abi.DTYPES: fp32 or bf16) at `ptr`:
-    `dims` and `box` innermost first, `strides` the byte strides of every dim but the first,
-    `swizzle` "64B" or "128B"; zeros out of bounds, 256-B L2 promotion. 128 bytes."""
     from .driver import _bindings, check
     drv = _bindings()
     u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    box_cols, box_rows, swizzle = box_shape(box)
+    dtype = map_dtype(box)
     data_type = (drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT32 if dtype == _F32
                  else drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16)
     tmap = check(drv.cuTensorMapEncodeTiled(
-        data_type, len(dims), int(ptr),
-        [u64(d) for d in dims], [u64(s) for s in strides],
-        [u32(b) for b in box], [u32(1)] * len(dims),
+        data_type, 2, int(ptr),
+        [u64(cols), u64(rows)], [u64(_BYTES[dtype] * ld)],
+        [u32(box_cols), u32(box_rows)], [u32(1), u32(1)],
         drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         getattr(drv.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{swizzle}"),
         drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,

@@ -1,7 +1,7 @@
 """Constants (Graph.constant) and the weight stream's packed B (runtime/packed_weights.py,
-instr.h MK_STREAM_PACKED_READY): the packed copy's layout and map, which constants are
+instr.h mk_packed_b): the packing against the readers' page layout, which constants are
 packed, the API's checks, and runs on the simulator (which reads packed constants back
-through the inverse) and the GPU (which streams them through the packed copy's 3-D map)."""
+through the inverse) and the GPU (which streams them by 1-D bulk copies)."""
 import numpy as np
 import pytest
 
@@ -14,7 +14,7 @@ from megak.runtime import packed_weights as pw
 from tests.reference import assert_close, evaluate
 
 BF16 = numpy_dtype("bfloat16")
-FORMS = {pw.PACKED_READY: gemm.BOX_COLS, pw.PACKED_NARROW_READY: gemm.NARROW_COLS}
+FORMS = [pw.PACKED_READY, pw.PACKED_NARROW_READY]
 
 
 def bf16(rng, shape, scale=1.0):
@@ -23,35 +23,49 @@ def bf16(rng, shape, scale=1.0):
 
 # -- the packing ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("form", list(FORMS))
+def element_at(form: int, stages: int, k: int, n: int) -> int:
+    """Byte offset of B[k, n] in the packed image, from the readers' layout as
+    device/ops/gemm_stream.cuh states it (written out here, not through pack)."""
+    if form == pw.PACKED_READY:         # 64 columns x 128 k-rows, the 128-B swizzle
+        band, col = divmod(n, 64)
+        stage, r = divmod(k, 128)
+        chunk, e = divmod(col, 8)
+        inside = 128 * r + 16 * (chunk ^ (r & 7)) + 2 * e
+    else:                               # two boxes of 32 columns x 128 k-rows, the 64-B one
+        band, col = divmod(n, 32)
+        stage, kk = divmod(k, 256)
+        half, r = divmod(kk, 128)
+        chunk, e = divmod(col, 8)
+        inside = half * 8192 + 64 * r + 16 * (chunk ^ ((r >> 1) & 3)) + 2 * e
+    return (band * stages + stage) * abi.PAGE_BYTES + inside
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("k,n", [(1, 1), (128, 64), (300, 70), (257, 33), (1024, 96)])
-def test_each_band_is_one_run_of_k_rows(rng, form, k, n):
-    width = FORMS[form]
+def test_pack_lays_out_pages_as_the_readers_take_them(rng, form, k, n):
     b = bf16(rng, (k, n))
     image = pw.pack(b, form)
-    bands = -(-n // width)
-    assert image.dtype == np.uint8 and len(image) == bands * k * width * 2
+    bands, stages = pw.geometry(k, n, form)
+    assert image.dtype == np.uint8 and len(image) == bands * stages * abi.PAGE_BYTES
     assert len(image) == pw.packed_bytes(k, n, form)
-    words = image.view(np.uint16)
     bits = b.view(np.uint16)
+    words = image.view(np.uint16)
+    filled = np.zeros(len(words), dtype=bool)
     for kk in range(k):
-        for nn in range(bands * width):   # B[k, n] at element (band K + k) W + column
-            band, col = divmod(nn, width)
-            want = bits[kk, nn] if nn < n else 0
-            assert words[(band * k + kk) * width + col] == want, (kk, nn)
+        for nn in range(n):
+            at = element_at(form, stages, kk, nn) // 2
+            assert words[at] == bits[kk, nn], (kk, nn)
+            filled[at] = True
+    assert (words[~filled] == 0).all(), "bytes past the tensor must be zeros"
     assert (pw.unpack(image, k, n, form) == bits).all()
 
 
-@pytest.mark.parametrize("form", list(FORMS))
-def test_the_map_reads_a_box_of_the_stream_from_one_run(form):
-    width = FORMS[form]
-    shape = pw.map_shape(1000, 200, form)
-    assert shape["dims"] == (width, 1000, -(-200 // width))
-    assert shape["strides"] == (2 * width, 2 * width * 1000)
-    assert shape["box"] == (width, gemm.BOX_ROWS, 1)
-    # a box is the page (or half-page) the 2-D map of B gives: the swizzle of its width
-    assert shape["swizzle"] == {64: "128B", 32: "64B"}[width]
-    assert 2 * width * gemm.BOX_ROWS == {64: abi.PAGE_BYTES, 32: abi.PAGE_BYTES // 2}[width]
+def test_descriptor_is_an_mk_packed_b():
+    slot = pw.descriptor(0x7F00_0000_1000, 300, 70, pw.PACKED_NARROW_READY)
+    assert len(slot) == abi.TMAP_BYTES and abi.PACKED_B_DTYPE.itemsize == 16
+    d = slot[:16].view(abi.PACKED_B_DTYPE)[0]
+    assert (int(d["ptr"]), int(d["bands"]), int(d["stages"])) == (0x7F00_0000_1000, 3, 2)
+    assert not slot[16:].any()
 
 
 def chain(m, k, n, layers=2, constant=True, rng=None):
@@ -83,6 +97,19 @@ def test_streamed_constants_are_packed_for_their_form(rng):
     g.output(g.gemm(a, g.input("b", (64, 32))), "y")
     plan = megak.compile(g, backend="sim").plan
     assert pw.packed_forms(plan.instrs, plan.constant_values) == {}
+
+
+def test_only_a_program_with_packed_constants_builds_the_packed_stream(rng):
+    # (instr.h MK_BODY_STREAM_PACKED: its readers' per-lane hand-back costs the input-weight
+    # chains, so no other program's build has it)
+    from megak import ops
+    from megak.runtime.executor import program_bodies
+    for constant in (True, False):
+        g, _ = chain(16, 1024, 1024, 2, constant=constant, rng=rng)
+        plan = megak.compile(g, backend="sim").plan
+        mask = program_bodies(plan.instrs, pw.packed_forms(plan.instrs, plan.constant_values))
+        assert bool(mask & abi.BODY_STREAM_PACKED) == constant
+        assert mask & ~abi.BODY_STREAM_PACKED == ops.bodies(plan.instrs)
 
 
 def test_a_constant_wanted_by_another_tma_copy_keeps_its_map():
@@ -154,16 +181,21 @@ def test_a_vector_constant_is_one_row(rng):
 # -- runs -------------------------------------------------------------------------------------
 
 def run_chain(backend, g, x, rng):
-    m, k = x.shape
-    xv = bf16(rng, (m, k))
-    env = evaluate(g, {"x": xv})
-    out = {name: np.full(t.shape, np.nan, dtype=BF16) for name, t in g.outputs.items()}
     with megak.compile(g, backend=backend) as prog:
-        for _ in range(2):
-            res = prog.run(x=xv, out=out)
-            for name, t in g.outputs.items():
-                assert_close(res[name], *env[t.index], f"{backend} {name}", "bfloat16")
-                out[name][:] = np.nan
+        check_runs(prog, g, x, rng, backend)
+
+
+def check_runs(prog, g, x, rng, what):
+    """Two runs of the chain `g` on fresh inputs, outputs poisoned, against float64."""
+    m, k = x.shape
+    out = {name: np.full(t.shape, np.nan, dtype=BF16) for name, t in g.outputs.items()}
+    for _ in range(2):
+        xv = bf16(rng, (m, k))
+        env = evaluate(g, {"x": xv})
+        res = prog.run(x=xv, out=out)
+        for name, t in g.outputs.items():
+            assert_close(res[name], *env[t.index], f"{what} {name}", "bfloat16")
+            out[name][:] = np.nan
 
 
 CASES = [(16, 1024, 1024, 3), (1, 1024, 1024, 2), (5, 4096, 512, 2), (32, 1024, 1024, 2),
@@ -198,7 +230,9 @@ def test_constants_beside_input_weights_and_other_readers(backend, rng):
 
 @pytest.mark.gpu
 def test_packed_constants_on_the_gpu_take_the_bulk_path(rng):
-    # the table megak uploads carries the packed form for each streamed constant
+    # the table megak uploads carries the packed form for each streamed constant, and the
+    # program's build holds the packed stream (instr.h, MK_BODY_STREAM_PACKED); a build
+    # without it streams no packed B: each record loads B itself, from the row-major copy
     from megak.runtime import tensor_maps
     g, x = chain(16, 1024, 1024, 2, rng=rng)
     with megak.compile(g, backend="cuda") as prog:
@@ -207,7 +241,16 @@ def test_packed_constants_on_the_gpu_take_the_bulk_path(rng):
         for t in g.constants.values():
             assert ready[t.index] == pw.PACKED_NARROW_READY
             assert t.index not in ex._map_boxes
-        run_chain("cuda", g, x, rng)
+        assert ex.bodies & abi.BODY_STREAM_PACKED
+        check_runs(prog, g, x, rng, "packed stream")
+        own = ex.bodies
+        ex._use_bodies(own & ~abi.BODY_STREAM_PACKED)
+        check_runs(prog, g, x, rng, "a build without the packed stream")
+        ex._use_bodies(own)
+        check_runs(prog, g, x, rng, "packed stream again")
+    g_in, x = chain(16, 1024, 1024, 2, constant=False, rng=rng)
+    with megak.compile(g_in, backend="cuda") as prog:
+        assert not prog._executor.bodies & abi.BODY_STREAM_PACKED   # input weights: maps
 
 
 @pytest.mark.gpu

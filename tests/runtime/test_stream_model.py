@@ -212,6 +212,19 @@ def test_each_ring_misuse_is_caught(misuse, rules):
     assert caught[min(rules)] > 0, caught
 
 
+def test_every_lane_handing_the_page_back_holds_and_needs_its_count():
+    """The build with the packed stream: every lane of a reader warp arrives on empty
+    itself (stream.cuh, MK_RING_LANE_ARRIVALS), so empty expects READERS x lanes; a count
+    of one a warp lets the streamer refill a page another lane still reads."""
+    for seed in range(60):
+        outcome = run_ring(random_ring(seed, lanes=2), seed)
+        assert all(r <= i for r, i in zip(outcome.read, outcome.issued))
+    caught = ring_rules_broken(range(40), "lane_count_for_warp", lanes=2)
+    assert set(caught) <= {1, 2, 4} and sum(caught.values()) >= 10, caught
+    assert caught[2] > 0, caught
+    assert not ring_rules_broken(range(40), "lane_count_for_warp", lanes=1)   # lane 0 alone
+
+
 @pytest.mark.parametrize("misuse, rule", [("no_drain", 3), ("silent_failure", 4)])
 def test_each_ring_misuse_of_the_stop_path_is_caught(misuse, rule):
     caught = ring_rules_broken(range(40), misuse, fail_rate=1.0)

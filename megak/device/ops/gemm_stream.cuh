@@ -152,31 +152,65 @@ __device__ __forceinline__ mk_u32 mk_stream_band_cols(const mk_instr& in)
     return mk_stream_narrow(in) ? (mk_u32)MK_STREAM_NARROW_COLS : (mk_u32)MK_STREAM_BOX_COLS;
 }
 
+/* B's packed pages (instr.h, mk_packed_b) in map slot b of the table, one 16-B load (the
+ * slot is 128-B aligned). */
+__device__ __forceinline__ mk_packed_b mk_packed_of(const mk_params& p, mk_u32 b)
+{
+    const unsigned char* at = mk_tmaps(p) + (mk_u64)MK_TMAP_BYTES * b;
+    mk_u64 ptr, geometry;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(ptr), "=l"(geometry) : "l"(at) : "memory");
+    return {ptr, (mk_u32)geometry, (mk_u32)(geometry >> 32)};
+}
+
 /* Stages the streamer delivers for record `in` of this program: the streamer (reading the
  * record from global memory) and the loader (its copy in the slot) call this on the same
  * bytes, so both count the same positions. 0: not streamed (the op loads B itself, from the
  * row-major entry). The checks make the copy safe whatever the record says: a tensor map the
- * host encoded with the box the record's geometry needs (its ready word: of B, or of B's
- * packed copy, whose boxes start on a band's first column), a page of the ring. `packed`
- * (the streamer's): whether the map is of the packed copy. */
+ * host encoded with the box the record's geometry needs (its ready word), or B packed for
+ * the record's form with every page the record names inside the packed buffer (a band's
+ * first column and the k range's first row on page boundaries; only in a build with
+ * MK_BODY_STREAM_PACKED), a page of the ring. `packed` (the streamer's): B's packed pages
+ * where the record streams them, else ptr 0; loaded only once the ready word names a packed
+ * B, so a record on B's own map pays no second load. */
 __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, const mk_params& p,
-                                                        bool* packed = nullptr)
+                                                        mk_packed_b* packed = nullptr)
 {
+    if (packed != nullptr)
+        packed->ptr = 0;
     if (in.opcode != MK_OP_GEMM || !(in.flags & MK_FLAG_STREAM) || p.stream_pages == 0 ||
         !mk_gemm_stream_check(in) || in.tensor[MK_ARG_B] >= p.n_tensors)
         return 0;
     const bool narrow = mk_stream_narrow(in);
-    const mk_u32 ready = mk_ld_relaxed(mk_tmap_ready(p) + in.tensor[MK_ARG_B]);
-    const bool from_packed = ready == (narrow ? (mk_u32)MK_STREAM_PACKED_NARROW_READY
-                                              : (mk_u32)MK_STREAM_PACKED_READY) &&
-                             (mk_u32)in.col0 % mk_stream_band_cols(in) == 0u;
-    if (!from_packed &&
-        ready != (narrow ? (mk_u32)MK_STREAM_NARROW_READY : (mk_u32)MK_STREAM_BOX_ROWS))
+    const mk_u32 b = in.tensor[MK_ARG_B];
+    const mk_u32 ready = mk_ld_relaxed(mk_tmap_ready(p) + b);
+    const mk_u32 rows = mk_stream_stage_rows(in);
+    const mk_u32 stages = ((mk_u32)in.klen + rows - 1) / rows;
+    if (ready == (narrow ? (mk_u32)MK_STREAM_NARROW_READY : (mk_u32)MK_STREAM_BOX_ROWS))
+        return stages;
+    if (!MK_BUILT(MK_BODY_STREAM_PACKED) ||
+        ready != (narrow ? (mk_u32)MK_STREAM_PACKED_NARROW_READY
+                         : (mk_u32)MK_STREAM_PACKED_READY))
+        return 0;
+    const mk_packed_b pk = mk_packed_of(p, b);
+    const mk_u32 band_cols = mk_stream_band_cols(in);
+    const mk_u32 c0 = (mk_u32)in.col0, k0 = (mk_u32)in.k0;
+    const bool fits = c0 % band_cols == 0u && c0 / band_cols < pk.bands && k0 % rows == 0u &&
+                      k0 / rows <= pk.stages && stages <= pk.stages - k0 / rows;
+    if (!fits)
         return 0;
     if (packed != nullptr)
-        *packed = from_packed;
-    const mk_u32 rows = mk_stream_stage_rows(in);
-    return ((mk_u32)in.klen + rows - 1) / rows;
+        *packed = pk;
+    return stages;
+}
+
+/* Where the streamer copies stage 0 of record `in` from when its B is packed
+ * (mk_gemm_stream_stages gave `pk`): a page of the band's run; stage s is s pages on. */
+__device__ __forceinline__ mk_u64 mk_packed_first(const mk_instr& in, const mk_packed_b& pk)
+{
+    const mk_u64 page = (mk_u64)((mk_u32)in.col0 / mk_stream_band_cols(in)) * pk.stages
+                        + (mk_u32)in.k0 / mk_stream_stage_rows(in);
+    return pk.ptr + page * MK_PAGE_BYTES;
 }
 
 /* A without the ring, per warp and stage: its k16 slice of every row, 2 chunks of 16 B per
@@ -442,10 +476,11 @@ __device__ __forceinline__ void mk_stream_k16(float (&acc)[2][8][4], const mk_u3
  *
  * Ordering (stream.cuh has the ring's): the warp has not read pos - R, so it waits for
  * ring_issued[slot] == pos before the parity wait ("which phase" there). A phase of
- * ring_empty is MK_STREAM_READERS arrivals: each of a stage's two readers arrives once, a
- * stage's only reader twice at once, so the phase completes after every reader's arrive;
- * __syncwarp orders every lane's ldmatrix of the page before its lane 0's arrive (release),
- * which the streamer's wait acquires before its next copy into the slot.
+ * ring_empty is MK_STREAM_READERS readers' arrivals: each of a stage's two readers arrives
+ * once, a stage's only reader twice at once, so the phase completes after every reader's
+ * hand-back (mk_ring_hand_back, after every lane's ldmatrix of the page: each lane's release
+ * or lane 0's after __syncwarp), which the streamer's wait acquires before its next copy
+ * into the slot.
  * The warp's A buffer is written again (next stage) only after the MMAs that used the
  * chunk's fragments were issued, i.e. after its ldmatrix reads returned, and after a
  * __syncwarp: no lane's copy overtakes another lane's read.
@@ -514,9 +549,8 @@ __device__ __forceinline__ void mk_stream_kloop_ring(const mk_instr& in, const m
                                            lane);
             }
         }
-        __syncwarp();
-        if (lane == 0)   /* a phase is MK_STREAM_READERS arrivals, MTS readers per stage */
-            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / READ));
+        /* a phase is MK_STREAM_READERS readers' arrivals, MTS readers per stage */
+        mk_ring_hand_back(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / READ), lane);
     }
 }
 
@@ -595,9 +629,8 @@ __device__ __forceinline__ void mk_stream_kloop_ring_rows8(const mk_instr& in, c
                 mk_stream_k16<1, true, true>(acc, a_at, st, (mk_u32)(16 * ks) + b_lane, lane);
             }
         }
-        __syncwarp();
-        if (lane == 0)   /* one of the stage's two readers: half a phase's arrivals */
-            mk_mbar_arrive_count(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / 2));
+        /* one of the stage's two readers: half a phase's arrivals */
+        mk_ring_hand_back(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / 2), lane);
     }
     mk_cp_async_wait_all();
 }
