@@ -20,6 +20,13 @@ src on the device (every 16-B word), then `--reps` timed runs (CUDA events), GB/
 bytes / median (read + write). L2 is not flushed (1 GiB >> 60 MB).
 
     python tools/probe_copy_hints.py [--gib 1] [--reps 20] [--out probe_copy_hints.json]
+    python tools/probe_copy_hints.py --occupancy [--bands 65536 1048576]
+                                      # the plain copy by 8-32 warps a block, 2-16 float4 a
+                                      # thread, one block per SM, its bands dealt out or
+                                      # taken in turn, against a one-shot grid
+
+On the H200 (--occupancy): the one-shot grid 4,242 GB/s; bands dealt out at most 4,005 (16
+warps), 3,841 with megak's 8; 64 KiB bands taken in turn 4,118 with 8 warps, 4,178 with 16.
     python tools/probe_copy_hints.py --compile-only      # no GPU: ptxas registers and spills
 """
 import argparse
@@ -41,14 +48,30 @@ LOADS = {"cg": "ld.global.cg.v4.f32",
 STORES = {"st": "st.global.v4.f32", "cs": "st.global.cs.v4.f32",
           "ef": "st.global.L2::cache_hint.v4.f32"}
 UNROLLS = (16, 32)
+# --occupancy: the plain copy (cg / st) by one block per SM of w warps, u float4 per thread a
+# step, (w, u) below (at most 64 registers a thread at 32 warps: no 16 float4 there), against
+# a one-shot grid as torch's elementwise kernels run it (blocks of 128 threads, 2 float4
+# each: 4,174 GB/s on the H200, benchmarks/ANALYSIS.md) and the same persistent blocks taking
+# their bands in turn from a counter (TAKEN_SHAPES)
+OCC_SHAPES = tuple((w, u) for w in (8, 16, 32) for u in (2, 4, 8, 16) if w * u <= 256)
 
 
-def entry(ld: str, st: str, u: int) -> str:
-    return f"copy_{ld}_{st}_{u}"
+def entry(ld: str, st: str, u: int, threads: int = 256) -> str:
+    return f"copy_{ld}_{st}_{u}" + (f"_t{threads}" if threads != 256 else "")
 
 
-ENTRIES = tuple(entry(ld, st, u) for ld in LOADS for st in STORES for u in UNROLLS) + (
-    "fill", "verify")
+# (warps, unroll) of the copy whose bands are taken in turn from a counter (copy_taken)
+TAKEN_SHAPES = ((8, 8), (8, 16), (16, 4), (16, 8))
+
+
+def taken_entry(w: int, u: int) -> str:
+    return f"copy_taken_{u}_t{32 * w}"
+
+
+OCC_ENTRIES = tuple(entry("cg", "st", u, 32 * w) for w, u in OCC_SHAPES if (w, u) != (8, 16)) \
+    + tuple(taken_entry(w, u) for w, u in TAKEN_SHAPES)
+ENTRIES = tuple(entry(ld, st, u) for ld in LOADS for st in STORES for u in UNROLLS) + \
+    OCC_ENTRIES + ("oneshot", "fill", "verify")
 
 _BODY = r"""
 typedef unsigned int u32;
@@ -59,8 +82,9 @@ template <int ST> __device__ __forceinline__ void st4(float4* p, float4 v, u64 p
 %(loads)s
 %(stores)s
 
-/* band j -> block j %% grid; a band is `band` float4 units, its last one may be short */
-template <int LD, int ST, int U>
+/* band j -> block j %% grid; a band is `band` float4 units, its last one may be short; T
+ * threads a block */
+template <int LD, int ST, int U, int T = 256>
 __device__ __forceinline__ void copy_bands(const float4* src, float4* dst, u64 n, u64 band)
 {
     u64 pol = 0;
@@ -68,24 +92,69 @@ __device__ __forceinline__ void copy_bands(const float4* src, float4* dst, u64 n
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %%0, 1.0;" : "=l"(pol));
     for (u64 b0 = (u64)blockIdx.x * band; b0 < n; b0 += (u64)gridDim.x * band) {
         const u64 end = b0 + band < n ? b0 + band : n;
-        for (u64 i = b0 + threadIdx.x; i < end; i += U * 256ull) {
+        for (u64 i = b0 + threadIdx.x; i < end; i += (u64)U * T) {
             float4 v[U];
 #pragma unroll
             for (int k = 0; k < U; ++k) {
-                const u64 j = i + 256ull * k;
+                const u64 j = i + (u64)T * k;
                 v[k] = j < end ? ld4<LD>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
 #pragma unroll
             for (int k = 0; k < U; ++k) {
-                const u64 j = i + 256ull * k;
+                const u64 j = i + (u64)T * k;
                 if (j < end)
                     st4<ST>(dst + j, v[k], pol);
             }
         }
     }
 }
+/* the plain copy's bands taken in turn: block b's next band is the one a shared counter
+ * hands out (atomicAdd; *next zeroed before the launch), so a block that ran faster takes
+ * more of them instead of idling at the end */
+template <int U, int T>
+__device__ __forceinline__ void copy_taken(const float4* src, float4* dst, u64 n, u64 band,
+                                           u64* next)
+{
+    __shared__ u64 mine;
+    for (;;) {
+        if (threadIdx.x == 0)
+            mine = atomicAdd(next, 1ull);
+        __syncthreads();
+        const u64 b0 = mine * band;
+        __syncthreads();                    /* every thread has read `mine` */
+        if (b0 >= n)
+            return;
+        const u64 end = b0 + band < n ? b0 + band : n;
+        for (u64 i = b0 + threadIdx.x; i < end; i += (u64)U * T) {
+            float4 v[U];
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + (u64)T * k;
+                v[k] = j < end ? ld4<0>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + (u64)T * k;
+                if (j < end)
+                    st4<0>(dst + j, v[k], 0);
+            }
+        }
+    }
+}
+
 %(entries)s
 
+/* torch's elementwise form: one block of 128 threads per 256 float4, each thread 2 */
+extern "C" __global__ void __launch_bounds__(128) oneshot(const float4* s, float4* d, u64 n)
+{
+    const u64 i = (u64)blockIdx.x * 256u + threadIdx.x;
+    const float4 a = i < n ? ld4<0>(s + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 b = i + 128u < n ? ld4<0>(s + i + 128u) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if (i < n)
+        st4<0>(d + i, a, 0);
+    if (i + 128u < n)
+        st4<0>(d + i + 128u, b, 0);
+}
 """
 
 
@@ -106,7 +175,16 @@ def source() -> str:
         f"extern \"C\" __global__ void __launch_bounds__(256, 1)\n{entry(ld, st, u)}"
         f"(const float4* s, float4* d, u64 n, u64 band) "
         f"{{ copy_bands<{li}, {si}, {u}>(s, d, n, band); }}"
-        for li, ld in enumerate(LOADS) for si, st in enumerate(STORES) for u in UNROLLS)
+        for li, ld in enumerate(LOADS) for si, st in enumerate(STORES) for u in UNROLLS) + \
+        "\n" + "\n".join(
+            f"extern \"C\" __global__ void __launch_bounds__({32 * w}, 1)\n"
+            f"{entry('cg', 'st', u, 32 * w)}(const float4* s, float4* d, u64 n, u64 band) "
+            f"{{ copy_bands<0, 0, {u}, {32 * w}>(s, d, n, band); }}"
+            for w, u in OCC_SHAPES if (w, u) != (8, 16)) + "\n" + "\n".join(
+            f"extern \"C\" __global__ void __launch_bounds__({32 * w}, 1)\n"
+            f"{taken_entry(w, u)}(const float4* s, float4* d, u64 n, u64 band, u64* next) "
+            f"{{ copy_taken<{u}, {32 * w}>(s, d, n, band, next); }}"
+            for w, u in TAKEN_SHAPES)
     return (_BODY % {"loads": loads, "stores": "\n".join(stores), "entries": entries}
             + DATA_AND_CHECK)
 
@@ -131,6 +209,7 @@ def run(args):
     m = mem.Memory(0)
     src, dst = m.device(nbytes, "src"), m.device(nbytes, "dst")
     res = m.device(16, "verify result")
+    counter = m.device(8, "band counter")
     host = m.pinned(16, "readback")
     stream = dev.create_stream()
     h = stream.handle
@@ -184,6 +263,29 @@ def run(args):
     record("cuMemcpyDtoDAsync", lambda: check(drv.cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, h),
                                               "cuMemcpyDtoDAsync"), kind="memcpy")
     bands = [int(b) for b in args.bands]
+    if args.occupancy:
+        record("oneshot (128 threads, 2 float4 each)", lambda: launch(
+            fn["oneshot"], (n16 + 255) // 256, 128, ctypes.c_uint64(src.ptr),
+            ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16)), kind="oneshot")
+        for band in bands:
+            for w, u in OCC_SHAPES:
+                e = entry("cg", "st", u, 32 * w)   # (8, 16): the hints' own copy_cg_st_16
+                record(f"{w} warps u{u} band {band >> 10} KiB", lambda e=e, w=w, band=band:
+                       launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr),
+                              ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16),
+                              ctypes.c_uint64(band // 16)),
+                       kind="reg", load="cg", store="st", unroll=u, warps=w, band_bytes=band)
+            for w, u in TAKEN_SHAPES:
+                e = taken_entry(w, u)
+
+                def taken(e=e, w=w, band=band):
+                    mem.memset32(counter.ptr, 0, 2, h)
+                    launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr),
+                           ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16),
+                           ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
+                record(f"{w} warps u{u} band {band >> 10} KiB, taken in turn", taken,
+                       kind="taken", load="cg", store="st", unroll=u, warps=w, band_bytes=band)
+        bands = []
     for band in bands:
         for u in UNROLLS:
             for ld in LOADS:
@@ -201,9 +303,10 @@ def run(args):
         print(f"  {r['variant']:<34}{r['gbps']:>6.0f} GB/s {r['gbps'] / memcpy:.3f} x", flush=True)
     base = {(r["unroll"], r["band_bytes"]): r["gbps"] for r in rows
             if r.get("load") == "cg" and r.get("store") == "st"}
-    print("hints against cg/st at the same unroll and band: " + "; ".join(
+    if not args.occupancy:
+        print("hints against cg/st at the same unroll and band: " + "; ".join(
         f"{r['variant']} {100 * (r['gbps'] / base[(r['unroll'], r['band_bytes'])] - 1):+.1f}%"
-        for r in rows[1:] if (r["load"], r["store"]) != ("cg", "st")), flush=True)
+            for r in rows[1:] if (r["load"], r["store"]) != ("cg", "st")), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(
             {"device": info["name"], "sm_count": n_sm, "nbytes": nbytes, "reps": args.reps,
@@ -223,6 +326,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=20, help="timed runs per variant (default 20)")
     p.add_argument("--bands", nargs="+", default=["1048576", "65536", "4096"],
                    help="band sizes in bytes, multiples of 16 (default 1 MiB, 64 KiB, 4 KiB)")
+    p.add_argument("--occupancy", action="store_true",
+                   help="instead of the hints: the plain copy by one block per SM of 8-32 warps, "
+                        "2-16 float4 per thread, against torch's one-shot elementwise grid")
     p.add_argument("--out", default="probe_copy_hints.json", help="JSON results ('' = none)")
     p.add_argument("--compile-only", action="store_true",
                    help="compile for --arch with NVRTC (no GPU), print ptxas info, exit")
