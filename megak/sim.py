@@ -159,7 +159,8 @@ class SimExecutor:
     def _constant_images(plan: Plan) -> dict[int, np.ndarray]:
         """slot -> each constant as the device reads it: a B packed for the weight stream
         (runtime/packed_weights.py) read back from its packed image, so that a packing that
-        does not invert shows in the results."""
+        does not invert shows in the results. Read-only views: every run reads them as they
+        are (no copy per run), and an op that wrote one would fail."""
         forms = packed_weights.packed_forms(plan.instrs, plan.constant_values)
         images = {}
         for slot, value in plan.constant_values.items():
@@ -168,7 +169,9 @@ class SimExecutor:
                 bits = packed_weights.unpack(packed_weights.pack(value, forms[slot]), rows,
                                              cols, forms[slot])
                 value = bits.view(value.dtype)
-            images[slot] = value
+            image = value.view()
+            image.flags.writeable = False
+            images[slot] = image
         return images
 
     def _reset_counters(self) -> None:
@@ -214,7 +217,7 @@ class SimExecutor:
                                .reshape(slot.shape))
                 written.append(None)
             elif slot.slot in self._constants:
-                tensors.append(self._constants[slot.slot].copy())
+                tensors.append(self._constants[slot.slot])
                 written.append(None)
             elif slot.kind == "unused":     # nothing reads or writes it: no memory
                 tensors.append(np.empty((0, 0), dtype=dtype))
