@@ -39,11 +39,12 @@ serves many requests; each invocation has its own queue and ring size R = stream
             lanes each hand the page back: stream.cuh, MK_RING_LANE_ARRIVALS) each of the
             warp's L lanes reads its share of the page and then arrives itself, and empty[i]
             expects READERS x L arrivals; with L = 1 the warp's read is one step and its
-            lane 0 arrives for it (the build without it: __syncwarp, then lane 0). The issued word is what makes the parity wait exact: a parity
-            tells apart two phases only, and the warp has not read pos - R itself. Injected failures, at
-            the start of an instruction: one warp sets ring_stop and leaves, or the whole
-            compute role stops there (every warp leaves, warp 0's thread 0 sets ring_stop),
-            as when the loader reports an error for the instruction.
+            lane 0 arrives for it (the build without it: __syncwarp, then lane 0). The
+            issued word is what makes the parity wait exact: a parity tells apart two phases
+            only, and the warp has not read pos - R itself. Injected failures, at the start
+            of an instruction: one warp sets ring_stop and leaves, or the whole compute role
+            stops there (every warp leaves, warp 0's thread 0 sets ring_stop), as when the
+            loader reports an error for the instruction.
   hold      (stream.cuh, "The hold") a record with `hold` (every streamed one): once every warp is
             done with its stages (the op's barrier), thread 0 raises stream_hold; after the
             instruction's signal fence it lowers it. The streamer, after its empty wait and
