@@ -8,8 +8,8 @@ found no bulk or register pattern above 3,952 (a grid-stride register copy) and 
 interleaving the bands finely. What it did not try, and this probe does: the loads' L2 sector
 prefetch (`.L2::256B`: one request fills both 128-B halves of a 256-B DRAM burst), with
 and without L1 allocation (`.L1::no_allocate`; not `.nc`, whose loads ptxas moves next to
-their stores, since they cannot alias them, leaving a few in flight), streaming stores (`.cs`) and an evict-first policy
-on the stores, each on megak's footprint (one block of 256 threads per SM, 16 float4 per
+their stores, since they cannot alias them, leaving a few in flight), streaming stores
+(`.cs`) and an evict-first policy on the stores, each on megak's footprint (one block of 256 threads per SM, 16 float4 per
 thread in flight) and on more (32 per thread), over bands interleaved across the blocks
 (band j -> block j % grid) of 4 KiB to 1 MiB.
 
@@ -24,10 +24,10 @@ bytes / median (read + write). L2 is not flushed (1 GiB >> 60 MB).
                                       # the plain copy by 8-32 warps a block, 2-16 float4 a
                                       # thread, one block per SM, its bands dealt out or
                                       # taken in turn, against a one-shot grid
+    python tools/probe_copy_hints.py --compile-only      # no GPU: ptxas registers and spills
 
 On the H200 (--occupancy): the one-shot grid 4,242 GB/s; bands dealt out at most 4,005 (16
 warps), 3,841 with megak's 8; 64 KiB bands taken in turn 4,118 with 8 warps, 4,178 with 16.
-    python tools/probe_copy_hints.py --compile-only      # no GPU: ptxas registers and spills
 """
 import argparse
 import ctypes
@@ -82,6 +82,27 @@ template <int ST> __device__ __forceinline__ void st4(float4* p, float4 v, u64 p
 %(loads)s
 %(stores)s
 
+/* units [b0, end) of a band: T threads copy U float4 each per step (U loads, then U stores) */
+template <int LD, int ST, int U, int T>
+__device__ __forceinline__ void copy_band(const float4* src, float4* dst, u64 b0, u64 end,
+                                          u64 pol)
+{
+    for (u64 i = b0 + threadIdx.x; i < end; i += (u64)U * T) {
+        float4 v[U];
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            const u64 j = i + (u64)T * k;
+            v[k] = j < end ? ld4<LD>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int k = 0; k < U; ++k) {
+            const u64 j = i + (u64)T * k;
+            if (j < end)
+                st4<ST>(dst + j, v[k], pol);
+        }
+    }
+}
+
 /* band j -> block j %% grid; a band is `band` float4 units, its last one may be short; T
  * threads a block */
 template <int LD, int ST, int U, int T = 256>
@@ -90,24 +111,10 @@ __device__ __forceinline__ void copy_bands(const float4* src, float4* dst, u64 n
     u64 pol = 0;
     if (ST == 2)
         asm volatile("createpolicy.fractional.L2::evict_first.b64 %%0, 1.0;" : "=l"(pol));
-    for (u64 b0 = (u64)blockIdx.x * band; b0 < n; b0 += (u64)gridDim.x * band) {
-        const u64 end = b0 + band < n ? b0 + band : n;
-        for (u64 i = b0 + threadIdx.x; i < end; i += (u64)U * T) {
-            float4 v[U];
-#pragma unroll
-            for (int k = 0; k < U; ++k) {
-                const u64 j = i + (u64)T * k;
-                v[k] = j < end ? ld4<LD>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int k = 0; k < U; ++k) {
-                const u64 j = i + (u64)T * k;
-                if (j < end)
-                    st4<ST>(dst + j, v[k], pol);
-            }
-        }
-    }
+    for (u64 b0 = (u64)blockIdx.x * band; b0 < n; b0 += (u64)gridDim.x * band)
+        copy_band<LD, ST, U, T>(src, dst, b0, b0 + band < n ? b0 + band : n, pol);
 }
+
 /* the plain copy's bands taken in turn: block b's next band is the one a shared counter
  * hands out (atomicAdd; *next zeroed before the launch), so a block that ran faster takes
  * more of them instead of idling at the end */
@@ -124,21 +131,7 @@ __device__ __forceinline__ void copy_taken(const float4* src, float4* dst, u64 n
         __syncthreads();                    /* every thread has read `mine` */
         if (b0 >= n)
             return;
-        const u64 end = b0 + band < n ? b0 + band : n;
-        for (u64 i = b0 + threadIdx.x; i < end; i += (u64)U * T) {
-            float4 v[U];
-#pragma unroll
-            for (int k = 0; k < U; ++k) {
-                const u64 j = i + (u64)T * k;
-                v[k] = j < end ? ld4<0>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int k = 0; k < U; ++k) {
-                const u64 j = i + (u64)T * k;
-                if (j < end)
-                    st4<0>(dst + j, v[k], 0);
-            }
-        }
+        copy_band<0, 0, U, T>(src, dst, b0, b0 + band < n ? b0 + band : n, 0);
     }
 }
 
@@ -301,11 +294,11 @@ def run(args):
     print(f"== fastest (x cuMemcpy {memcpy:.0f}; target 4100)", flush=True)
     for r in best:
         print(f"  {r['variant']:<34}{r['gbps']:>6.0f} GB/s {r['gbps'] / memcpy:.3f} x", flush=True)
-    base = {(r["unroll"], r["band_bytes"]): r["gbps"] for r in rows
-            if r.get("load") == "cg" and r.get("store") == "st"}
     if not args.occupancy:
+        base = {(r["unroll"], r["band_bytes"]): r["gbps"] for r in rows
+                if r.get("load") == "cg" and r.get("store") == "st"}
         print("hints against cg/st at the same unroll and band: " + "; ".join(
-        f"{r['variant']} {100 * (r['gbps'] / base[(r['unroll'], r['band_bytes'])] - 1):+.1f}%"
+            f"{r['variant']} {100 * (r['gbps'] / base[(r['unroll'], r['band_bytes'])] - 1):+.1f}%"
             for r in rows[1:] if (r["load"], r["store"]) != ("cg", "st")), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(
