@@ -6,12 +6,12 @@ st.global, a rolling pipeline of 16 float4 per thread, 1 MiB bands per instructi
 device-to-device cuMemcpy reaches ~4,230 and the target is 4,100. tools/probe_bulk_copy.py
 found no bulk or register pattern above 3,952 (a grid-stride register copy) and +3% from
 interleaving the bands finely. What it did not try, and this probe does: the loads' L2 sector
-prefetch (`.L2::256B`: one request fills both 128-B halves of a 256-B DRAM burst), with
-and without L1 allocation (`.L1::no_allocate`; not `.nc`, whose loads ptxas moves next to
-their stores, since they cannot alias them, leaving a few in flight), streaming stores
-(`.cs`) and an evict-first policy on the stores, each on megak's footprint (one block of 256 threads per SM, 16 float4 per
-thread in flight) and on more (32 per thread), over bands interleaved across the blocks
-(band j -> block j % grid) of 4 KiB to 1 MiB.
+prefetch (`.L2::256B`: one request fills both 128-B halves of a 256-B DRAM burst), with and
+without L1 allocation (`.L1::no_allocate`; not `.nc`, whose loads ptxas moves next to their
+stores, since they cannot alias them, leaving a few in flight), streaming stores (`.cs`) and an
+evict-first policy on the stores, each on megak's footprint (one block of 256 threads per SM,
+16 float4 per thread in flight) and on more (32 per thread), over bands interleaved across the
+blocks (band j -> block j % grid) of 4 KiB to 1 MiB.
 
 Kernel `copy_<ld>_<st>_<u>`: block b takes bands b, b + grid, ...; within a band its 256
 threads copy U float4 each per step (U loads, then U stores), unit i of the band at thread
