@@ -1,0 +1,59 @@
+"""The copy's device source run on the CPU (tests/host_run/copy.cpp): 256 threads as its
+compute threads on one record, A poisoned around the region and OUT everywhere, every access
+checked to lie inside its operand's region (a float4 one 16-B aligned), the region checked bit
+for bit. Skips without g++ and C++20.
+
+GPU correctness goes through the public API (tests/ops/test_copy.py)."""
+from __future__ import annotations
+
+import pytest
+
+from tests import host_build
+
+# rows, cols, row0, col0, lda, ldo, A's and OUT's origins off 16 B (floats): the path it takes
+CASES = {
+    "pipeline": (100, 1000, 3, 4, 1012, 1020, 0, 0),        # the float4 register pipeline
+    "head-body-tail": (100, 1005, 3, 5, 1012, 1020, 0, 0),  # scalar head and tail around it
+    "pipeline-offset": (300, 64, 0, 0, 64, 68, 2, 2),       # both origins 8 B past 16 B
+    "one-unit-a-thread": (64, 4, 0, 0, 4, 4, 0, 0),         # <= 256 units: no pipeline
+    "one-unit": (1, 4, 0, 0, 4, 4, 0, 0),
+    "one-float": (1, 1, 0, 0, 1, 1, 3, 2),
+    "phases-differ": (50, 40, 0, 1, 44, 48, 1, 3),           # all scalar
+    "odd-pitches": (7, 9, 1, 2, 16, 13, 1, 1),
+    "out-pitch-odd": (7, 9, 0, 0, 16, 13, 0, 0),             # same phase, OUT's pitch odd
+    "a-pitch-odd": (7, 9, 0, 0, 13, 16, 0, 0),
+    "wide-odd-pitch": (3, 300, 2, 0, 301, 300, 0, 0),
+}
+
+# each a wrong body the harness must refuse: (file under megak/device, text, replacement)
+MUTATIONS = {
+    "store-walk-wraps-by-A": (
+        "ops/copy.cuh",
+        "const mk_u64 wrap_d = 4ull * ((mk_u64)ldd - 4u * (mk_u32)units);",
+        "const mk_u64 wrap_d = 4ull * ((mk_u64)lds - 4u * (mk_u32)units);"),
+    "one-unit-column": (
+        "ops/copy.cuh",
+        "const int r = rows == 1 ? 0 : t / body, c = t - r * body;",
+        "const int r = rows == 1 ? 0 : t / body, c = t % 4;"),
+    "vector-path-on-A-pitch-alone": (
+        "ops/copy.cuh", "((A.ld | O.ld) & 3u) == 0", "(A.ld & 3u) == 0"),
+}
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    return host_build.build("copy", tmp_path_factory.mktemp("host-run"))
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_copy_runs_right_on_the_host(harness, case):
+    for seed in (1, 2):
+        done = host_build.run(harness, *case, 2, seed)
+        assert host_build.passed(done), (case, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS.values(), ids=MUTATIONS.keys())
+def test_a_wrong_copy_is_caught_on_the_host(tmp_path, mutation):
+    exe = host_build.build("copy", tmp_path, mutate=mutation)
+    results = [host_build.run(exe, *case, 1, 1) for case in CASES.values()]
+    assert not all(map(host_build.passed, results))
