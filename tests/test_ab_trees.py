@@ -86,3 +86,34 @@ def test_an_unknown_revision_or_a_patch_that_does_not_apply_says_so(ab_dir, tmp_
 def test_a_directory_outside_the_checkout_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="inside the checkout"):
         _tool().prepare(["x=HEAD"], tmp_path)
+
+
+def test_build_asks_for_what_run_and_time_will(monkeypatch, capsys):
+    # `prebuild`'s child: the build of every body (run's first), then each row's program build
+    # as the executor names it (its bodies), each distinct build once
+    import megak
+    from benchmarks import workloads as W
+    from megak.runtime import compiler, executor, packed_weights
+    asked = []
+
+    class Built:
+        from_cache = False
+
+    def compile_megakernel(arch, defines=None, cache_dir=None):
+        asked.append((arch, defines))
+        return Built()
+
+    monkeypatch.setattr(compiler, "compile_megakernel", compile_megakernel)
+    rows = ["W1", "W2-1024x16-bf16", "W2-1024x16-bf16+const", "W1"]
+    _tool().build_rows(rows, 132, "sm_90a", 7)
+    expected = [None]
+    for name in ("W1", "W2-1024x16-bf16"):
+        plan = megak.compile(W.get(name).build(), backend="sim", n_sm=132).plan
+        expected.append(compiler.bodies_defines(executor.program_bodies(
+            plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))))
+    assert asked[:3] == [("sm_90a", d) for d in expected]
+    # the constant's build holds the packed stream (where its weights are packed)
+    assert len(asked) == 4 and int(asked[3][1]["MK_BODIES"].rstrip("u"), 16) & \
+        megak.abi.BODY_STREAM_PACKED
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [b["build"] for b in lines][0] == "every body" and len(lines) == 4

@@ -14,6 +14,10 @@ against its base on ONE machine, the trees alternated round by round. Two steps:
       builds each tree's megakernel in parallel, then per round times every tree in turn,
       each in a child process importing that tree (PYTHONPATH=ab/<name>); prints the medians
       per round and each tree's mean over rounds against the first tree's.
+  prebuild (CPU machine, optional)   tools/ab_trees.py prebuild [--rows ...]
+      compiles every build `run` will ask for (each tree's build of every body, and its build
+      of each row's program: lowered here as the GPU machine lowers it) into the compile
+      cache; run under the GPU image's NVRTC (tools/gpu_cache.py), the lease finds them there.
 
 A timing is `python -m benchmarks.report`'s megak variant: Bench.time_megakernel (CUDA events
 around each launch), the workload's own reps, the L2 flushed only where the report flushes it
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("megak", "benchmarks", "pyproject.toml")   # what a tree needs to build and time
 ORDER = "trees.json"   # prepare's names in the order given: the base first
 CONSTANT = "+const"   # a row named W2-...+const: its megak_const variant (g.constant weights)
+H200_SMS = 132   # what `prebuild` lowers for: the SMs of the GPU the leases lend
 W2_ROWS = ("W2-4096x8-bf16", "W2-4096x8-bf16-b1", "W2-8192x8-bf16", "W2-4096x8-bf16-b64",
            "W2-1024x16-bf16")
 
@@ -136,6 +141,57 @@ def time_rows(tag: str, rows: list[str], reps: int | None, seed: int) -> None:
         del bench, prog
 
 
+def build_rows(rows: list[str], n_sm: int, arch: str, seed: int) -> None:
+    """Child: compile the build of every body and each row's program build with the megak on
+    sys.path (what `run` and `time` ask for), the programs lowered for `n_sm` SMs without a
+    GPU; one JSON line each."""
+    import time
+
+    import numpy as np
+
+    import megak
+    from benchmarks import workloads as W
+    from megak.runtime import compiler, executor, packed_weights
+    rng = np.random.default_rng(seed)
+    builds = {"every body": None}
+    for name in rows:
+        w = W.get(name.removesuffix(CONSTANT))
+        graph = w.build_constant(w.make_inputs(rng)) if name.endswith(CONSTANT) else w.build()
+        plan = megak.compile(graph, backend="sim", n_sm=n_sm).plan
+        bodies = executor.program_bodies(
+            plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))
+        builds.setdefault(f"{bodies:#x}", compiler.bodies_defines(bodies))
+    for what, defines in builds.items():
+        t0 = time.monotonic()
+        k = compiler.compile_megakernel(arch, defines=defines)
+        print(json.dumps({"build": what, "from_cache": k.from_cache,
+                          "seconds": round(time.monotonic() - t0, 1),
+                          "nvrtc": list(compiler.nvrtc_version())}), flush=True)
+
+
+def prebuild(out: Path, names: list[str], rows: list[str], n_sm: int, arch: str, seed: int,
+             jobs: int) -> int:
+    """Every tree's builds for `run` on `rows`, `jobs` trees at a time, into the cache."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(name: str) -> tuple[str, subprocess.CompletedProcess]:
+        return name, _child(out / name, ["build", "--rows", *rows, "--n-sm", str(n_sm),
+                                         "--arch", arch, "--seed", str(seed)], timeout=3600)
+    failed = 0
+    with ThreadPoolExecutor(max(jobs, 1)) as pool:
+        for name, done in pool.map(one, names):
+            for line in done.stdout.splitlines():
+                if line.startswith("{"):
+                    b = json.loads(line)
+                    how = "cached" if b["from_cache"] else f"compiled in {b['seconds']} s"
+                    print(f"{name}: {b['build']} {how} (NVRTC {b['nvrtc'][0]}.{b['nvrtc'][1]})",
+                          flush=True)
+            if done.returncode != 0:
+                failed += 1
+                print(f"ab_trees: {name} does not build:\n{done.stderr[-3000:]}", flush=True)
+    return 1 if failed else 0
+
+
 def render(results: list[dict], names: list[str], rows: list[str]) -> str:
     """Rows x (each tree's medians per round, its mean over rounds / the first tree's)."""
     by = {}
@@ -218,6 +274,20 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--seed", type=int, default=7)
     pr.add_argument("--arch", default="sm_90a")
     pr.add_argument("--json", type=Path, help="write every timing and the table here")
+    pb = sub.add_parser("prebuild", help="compile the builds `run` will ask for (no GPU needed)")
+    pb.add_argument("--dir", default=str(ROOT / "ab"))
+    pb.add_argument("--names", nargs="+", help="trees (default: prepare's)")
+    pb.add_argument("--rows", nargs="+", default=list(W2_ROWS))
+    pb.add_argument("--n-sm", type=int, default=H200_SMS,
+                    help="the SMs the programs are lowered for (the GPU machine's)")
+    pb.add_argument("--seed", type=int, default=7)
+    pb.add_argument("--arch", default="sm_90a")
+    pb.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    pc = sub.add_parser("build", help=argparse.SUPPRESS)
+    pc.add_argument("--rows", nargs="+", required=True)
+    pc.add_argument("--n-sm", type=int, required=True)
+    pc.add_argument("--arch", required=True)
+    pc.add_argument("--seed", type=int, required=True)
     pt = sub.add_parser("time", help=argparse.SUPPRESS)
     pt.add_argument("--tag", required=True)
     pt.add_argument("--rows", nargs="+", required=True)
@@ -230,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "time":
         time_rows(a.tag, a.rows, a.reps, a.seed)
         return 0
+    if a.cmd == "build":
+        build_rows(a.rows, a.n_sm, a.arch, a.seed)
+        return 0
     out = Path(a.dir)
     names = a.names
     if not names and (out / ORDER).is_file():
@@ -237,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     if not names:
         print(f"ab_trees: no trees under {out} (prepare first, carry ab/)")
         return 2
+    if a.cmd == "prebuild":
+        return prebuild(out, names, a.rows, a.n_sm, a.arch, a.seed, a.jobs)
     return run(out, names, a.rows, a.rounds, a.reps, a.seed, a.arch, a.json)
 
 

@@ -53,8 +53,9 @@
 # RESULTS.md, then the step logs, in that order, and everything else in rest.tar.gz (the
 # sanitizer's per-tool logs, probe builds). Give the steps room: the tier alone takes ~250 s
 # while other builds share the cores. NVRTC builds are cached under $XDG_CACHE_HOME (default
-# ./scratch/cache, so a cache filled on the CPU machine travels with the working tree; it
-# hits there only where the two NVRTC versions match: the key holds the version).
+# ./scratch/cache); build/cubins.tar.xz, where carried, is unpacked into it first: the builds
+# `tools/gpu_cache.py fill` compiled on the CPU machine under this image's NVRTC (the key
+# holds the NVRTC version and flags, so a cache filled under another NVRTC misses here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -102,6 +103,12 @@ fi
 export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export CUDA_PYTHON_DISABLE_VERSION_CHECK=1
 export XDG_CACHE_HOME=${XDG_CACHE_HOME:-$PWD/scratch/cache}
+if [ -f build/cubins.tar.xz ]; then
+    mkdir -p "$XDG_CACHE_HOME/megak" &&
+        tar -xJf build/cubins.tar.xz -C "$XDG_CACHE_HOME/megak" &&
+        echo "== gpu_checks: $(tar -tJf build/cubins.tar.xz | grep -c '\.cubin$') cubins" \
+             "from build/cubins.tar.xz in the cache"
+fi
 
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tier sanitize)
