@@ -117,3 +117,31 @@ def test_build_asks_for_what_run_and_time_will(monkeypatch, capsys):
         megak.abi.BODY_STREAM_PACKED
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [b["build"] for b in lines][0] == "every body" and len(lines) == 4
+
+
+def test_build_for_the_report_adds_the_traced_resident_and_wgmma_only_builds(monkeypatch,
+                                                                              capsys):
+    from megak.runtime import compiler
+    asked = []
+
+    class Built:
+        from_cache = True
+
+    def compile_megakernel(arch, defines=None, cache_dir=None):
+        asked.append(defines)
+        return Built()
+
+    monkeypatch.setattr(compiler, "compile_megakernel", compile_megakernel)
+    _tool().build_rows(["W3-8192-bf16", "W7-call-copy"], 132, "sm_90a", 7, report=True)
+    names = [json.loads(line)["build"] for line in capsys.readouterr().out.splitlines()]
+    assert names[0] == "every body" and asked[0] is None
+    assert any(n.startswith("wgmma-only") for n in names)       # W3-bf16's wgmma tiles
+    assert sum(n.endswith(" traced") for n in names) == 2       # one per program
+    assert sum(n.endswith(" resident") for n in names) == 1     # the call workload's
+    by_name = dict(zip(names, asked))
+    traced = next(d for n, d in by_name.items() if n.endswith(" traced"))
+    assert traced["MK_TRACE"] == 1 and "MK_BODIES" in traced
+    resident = next(d for n, d in by_name.items() if n.endswith(" resident"))
+    assert resident["MK_RESIDENT"] == 1
+    wgmma = next(d for n, d in by_name.items() if n.startswith("wgmma-only"))
+    assert set(wgmma) == {"MK_WGMMA_ONLY"}

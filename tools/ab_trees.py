@@ -141,26 +141,52 @@ def time_rows(tag: str, rows: list[str], reps: int | None, seed: int) -> None:
         del bench, prog
 
 
-def build_rows(rows: list[str], n_sm: int, arch: str, seed: int) -> None:
-    """Child: compile the build of every body and each row's program build with the megak on
-    sys.path (what `run` and `time` ask for), the programs lowered for `n_sm` SMs without a
-    GPU; one JSON line each."""
+def program_builds(plan, report: bool, resident: bool) -> dict[str, dict | None]:
+    """The builds a CudaExecutor of `plan` compiles, named: its program build (the plan's
+    bodies) and, where its GEMMs allow, the MK_WGMMA_ONLY one; with `report` its traced build
+    too (the report's megak_trace and bubble runs), and with `resident` the resident kernel's
+    build of its bodies. The defines are the executor's own (_variant_defines)."""
+    import numpy as np
+
+    from megak.runtime import executor, packed_weights, tensor_maps
+    defines = executor.CudaExecutor._variant_defines   # takes nothing from its instance
+    bodies = executor.program_bodies(
+        plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))
+    builds = {f"{bodies:#x}": defines(None, False, 0, bodies, False)}
+    if report:
+        builds[f"{bodies:#x} traced"] = defines(None, True, 0, bodies, False)
+    if resident:
+        builds[f"{bodies:#x} resident"] = defines(None, False, 0, bodies, True)
+    n = max((t.slot for t in plan.tensors), default=-1) + 1
+    rows, cols = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    for t in plan.tensors:
+        rows[t.slot], cols[t.slot] = t.rows, t.cols
+    if tensor_maps.wgmma_only_slots(plan.instrs, rows, cols) is not None:
+        build = tensor_maps.wgmma_only_build(plan.instrs)
+        builds[f"wgmma-only {build}"] = defines(None, False, build, None, False)
+    return builds
+
+
+def build_rows(rows: list[str], n_sm: int, arch: str, seed: int, report: bool = False) -> None:
+    """Child: compile the build of every body and each row's program builds with the megak on
+    sys.path (what `run` and `time` ask for; with `report`, what `benchmarks.report` asks for
+    too: program_builds), the programs lowered for `n_sm` SMs without a GPU; one JSON line
+    each."""
     import time
 
     import numpy as np
 
     import megak
     from benchmarks import workloads as W
-    from megak.runtime import compiler, executor, packed_weights
+    from megak.runtime import compiler
     rng = np.random.default_rng(seed)
     builds = {"every body": None}
     for name in rows:
         w = W.get(name.removesuffix(CONSTANT))
         graph = w.build_constant(w.make_inputs(rng)) if name.endswith(CONSTANT) else w.build()
         plan = megak.compile(graph, backend="sim", n_sm=n_sm).plan
-        bodies = executor.program_bodies(
-            plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))
-        builds.setdefault(f"{bodies:#x}", compiler.bodies_defines(bodies))
+        for what, defines in program_builds(plan, report, report and w.kind == "call").items():
+            builds.setdefault(what, defines)
     for what, defines in builds.items():
         t0 = time.monotonic()
         k = compiler.compile_megakernel(arch, defines=defines)
@@ -288,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     pc.add_argument("--n-sm", type=int, required=True)
     pc.add_argument("--arch", required=True)
     pc.add_argument("--seed", type=int, required=True)
+    pc.add_argument("--report", action="store_true",
+                    help="also the builds benchmarks.report asks for (program_builds)")
     pt = sub.add_parser("time", help=argparse.SUPPRESS)
     pt.add_argument("--tag", required=True)
     pt.add_argument("--rows", nargs="+", required=True)
@@ -301,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         time_rows(a.tag, a.rows, a.reps, a.seed)
         return 0
     if a.cmd == "build":
-        build_rows(a.rows, a.n_sm, a.arch, a.seed)
+        build_rows(a.rows, a.n_sm, a.arch, a.seed, a.report)
         return 0
     out = Path(a.dir)
     names = a.names

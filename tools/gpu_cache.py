@@ -8,11 +8,13 @@ lease loads it instead of compiling. On the H200's 16 cores the tier's ~100 buil
 (554-686 s of NVRTC), each tree of an A/B a minute or more: device time, the scarcest thing a
 session has. Under this machine's own NVRTC (another version) nothing here would hit there.
 
-    python3 tools/gpu_cache.py fill [--tier] [--ab ROW ...] [--jobs N]
+    python3 tools/gpu_cache.py fill [--tier] [--report] [--ab ROW ...] [--jobs N]
 
   1. build/gpu-env: a venv of the GPU image's cuda packages, their versions read from the
      newest results JSON's machine.packages (benchmarks/results/*.json), made once;
   2. --tier: tools/prebuild_bodies.py under it (the GPU tier's builds, recorded without a GPU);
+     --report: the builds `python -m benchmarks.report` asks for, of this checkout
+     (tools/ab_trees.py build --report over every GPU and call workload);
      --ab ROW ...: tools/ab_trees.py prebuild --rows ROW ... under it (the trees under ab/);
   3. the cache (build/gpu-cache/megak) packed into build/cubins.tar.xz (`pack` alone packs
      it again, e.g. after another checkout's builds were copied into it).
@@ -90,7 +92,17 @@ def pack(cache: Path = CACHE / "megak", archive: Path = ARCHIVE) -> tuple[int, i
     return len(files), archive.stat().st_size
 
 
-def fill(tier: bool, ab_rows: list[str], jobs: int) -> int:
+def report_rows(python: str = sys.executable) -> list[str]:
+    """The workloads benchmarks.report runs on the GPU (all but the host ones), as `python`
+    (one with megak's needs) reads them."""
+    done = subprocess.run([python, "-c", "from benchmarks import workloads as W; "
+                           "print(' '.join(n for n, f in W.FACTORIES.items() "
+                           "if f().kind != 'host'))"], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), check=True)
+    return done.stdout.split()
+
+
+def fill(tier: bool, report: bool, ab_rows: list[str], jobs: int) -> int:
     packages = gpu_packages()
     python = make_env(packages)
     env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(CACHE))
@@ -103,6 +115,17 @@ def fill(tier: bool, ab_rows: list[str], jobs: int) -> int:
                               cwd=ROOT, env=env, capture_output=True, text=True)
         print("\n".join(line for line in done.stdout.splitlines()
                         if line.startswith("prebuild_bodies")), flush=True)
+        status |= done.returncode
+    if report:
+        done = subprocess.run([str(python), "tools/ab_trees.py", "build", "--report",
+                               "--n-sm", "132", "--arch", "sm_90a", "--seed", "7",
+                               "--rows", *report_rows(str(python))], cwd=ROOT, env=env,
+                              capture_output=True, text=True)
+        built = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+        print(f"gpu_cache: the report's {len(built)} builds "
+              f"({sum(not b['from_cache'] for b in built)} compiled)", flush=True)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], flush=True)
         status |= done.returncode
     if ab_rows:
         done = subprocess.run([str(python), "tools/ab_trees.py", "prebuild", "--jobs", str(jobs),
@@ -119,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pf = sub.add_parser("fill", help="compile the lease's builds here, then pack them")
     pf.add_argument("--tier", action="store_true", help="the GPU tier's builds")
+    pf.add_argument("--report", action="store_true", help="benchmarks.report's builds")
     pf.add_argument("--ab", nargs="+", default=[], metavar="ROW",
                     help="the builds of these rows for every tree under ab/")
     pf.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -132,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         n, size = pack()
         print(f"gpu_cache: {n} files in {ARCHIVE.relative_to(ROOT)} ({size / 2**20:.1f} MiB)")
         return 0
-    if not a.tier and not a.ab:
-        p.error("fill: name --tier, --ab ROW ..., or both")
-    return fill(a.tier, a.ab, a.jobs)
+    if not (a.tier or a.report or a.ab):
+        p.error("fill: name --tier, --report, --ab ROW ..., or several")
+    return fill(a.tier, a.report, a.ab, a.jobs)
 
 
 if __name__ == "__main__":
