@@ -3,7 +3,7 @@
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
 #                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [achunks]
-#                       [aregs] [modload] [ab]
+#                       [aregs] [modload] [tests] [ab]
 #
 # (no argument: tier sanitize), from the checkout root of the GPU machine. The wheels megak
 # needs there and its image lacks (cffi, ml_dtypes) are installed from .whl/ when present
@@ -44,8 +44,11 @@
 #             hold kept until the next layer's first A chunk landed        -> aregs.log
 #   modload   tools/probe_module_load.py: whether a module's load waits for a kernel that
 #             holds every SM, with lazy and eager module loading          -> modload.log
-#   ab        tools/ab_trees.py run: the W2 rows of the trees `tools/ab_trees.py prepare`
-#             wrote under ab/ (carry "ab"), timed in turn, two rounds -> ab.log, ab.json
+#   tests     pytest -m gpu over $GPU_TESTS (paths or node ids: a change's own GPU tests,
+#             before its A/B), their builds prebuilt first                 -> tests.log
+#   ab        tools/ab_trees.py run: the W2 rows (or $AB_ROWS) of the trees
+#             `tools/ab_trees.py prepare` wrote under ab/ (carry "ab"), timed in turn, two
+#             rounds (or $AB_ROUNDS)                                       -> ab.log, ab.json
 #
 # Each step runs under its own timeout; steps run in the order given. The exit status is
 # non-zero when any step failed. At the end (also when a TERM from an outer timeout stops it)
@@ -72,7 +75,7 @@ pack_out() {
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
                  pageleak.log l2stream.log issuers.log epilogue.log tailcode.log \
-                 achunks.log aregs.log modload.log ab.log ab.json; do
+                 achunks.log aregs.log modload.log tests.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
         done
         rest=()
@@ -234,8 +237,26 @@ while [ $i -lt ${#steps[@]} ]; do
             logged modload.log 120 python3 tools/probe_module_load.py
             rc=$?
             ;;
+        tests)
+            if [ -z "${GPU_TESTS:-}" ]; then
+                echo "gpu_checks: the tests step runs \$GPU_TESTS: name the tests there"
+                rc=2
+            else
+                # shellcheck disable=SC2086  # a list of paths and node ids
+                timeout 200 python3 tools/prebuild_bodies.py --jobs "$(nproc)" $GPU_TESTS \
+                    > "$OUT/prebuild-tests.log" 2>&1
+                grep "^prebuild_bodies" "$OUT/prebuild-tests.log"
+                # shellcheck disable=SC2086
+                timeout --kill-after=20 400 python3 -m pytest -q -m gpu -p no:cacheprovider \
+                    -rfE --benchmark-disable $GPU_TESTS > "$OUT/tests.log" 2>&1
+                rc=$?
+                grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -n 12
+            fi
+            ;;
         ab)
-            logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" > /dev/null
+            # shellcheck disable=SC2086  # $AB_ROWS: a list of rows
+            logged ab.log 500 python3 tools/ab_trees.py run --json "$OUT/ab.json" \
+                --rounds "${AB_ROUNDS:-2}" ${AB_ROWS:+--rows $AB_ROWS} > /dev/null
             rc=$?
             grep '^|' "$OUT/ab.log"   # the table
             ;;
