@@ -8,13 +8,14 @@ lease loads it instead of compiling. On the H200's 16 cores the tier's ~100 buil
 (554-686 s of NVRTC), each tree of an A/B a minute or more: device time, the scarcest thing a
 session has. Under this machine's own NVRTC (another version) nothing here would hit there.
 
-    python3 tools/gpu_cache.py fill [--tier] [--report] [--ab ROW ...] [--jobs N]
+    python3 tools/gpu_cache.py fill [--tier] [--report] [--sanitize] [--ab ROW ...] [--jobs N]
 
   1. build/gpu-env: a venv of the GPU image's cuda packages, their versions read from the
      newest results JSON's machine.packages (benchmarks/results/*.json), made once;
   2. --tier: tools/prebuild_bodies.py under it (the GPU tier's builds, recorded without a GPU);
      --report: the builds `python -m benchmarks.report` asks for, of this checkout
      (tools/ab_trees.py build --report over every GPU and call workload);
+     --sanitize: those of tools/sanitize.sh's program (tools/sanitize_graph.py --builds);
      --ab ROW ...: tools/ab_trees.py prebuild --rows ROW ... under it (the trees under ab/);
   3. the cache (build/gpu-cache/megak) packed into build/cubins.tar.xz (`pack` alone packs
      it again, e.g. after another checkout's builds were copied into it).
@@ -102,7 +103,7 @@ def report_rows(python: str = sys.executable) -> list[str]:
     return done.stdout.split()
 
 
-def fill(tier: bool, report: bool, ab_rows: list[str], jobs: int) -> int:
+def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int) -> int:
     packages = gpu_packages()
     python = make_env(packages)
     env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(CACHE))
@@ -127,6 +128,15 @@ def fill(tier: bool, report: bool, ab_rows: list[str], jobs: int) -> int:
         if done.returncode != 0:
             print(done.stderr[-3000:], flush=True)
         status |= done.returncode
+    if sanitize:
+        done = subprocess.run([str(python), "tools/sanitize_graph.py", "--builds"], cwd=ROOT,
+                              env=env, capture_output=True, text=True)
+        built = [line for line in done.stdout.splitlines() if " build " in line]
+        print(f"gpu_cache: the sanitizer's {len(built)} builds "
+              f"({sum(line.endswith('compiled') for line in built)} compiled)", flush=True)
+        if done.returncode != 0:
+            print(done.stderr[-3000:], flush=True)
+        status |= done.returncode
     if ab_rows:
         done = subprocess.run([str(python), "tools/ab_trees.py", "prebuild", "--jobs", str(jobs),
                                "--rows", *ab_rows], cwd=ROOT, env=env)
@@ -143,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     pf = sub.add_parser("fill", help="compile the lease's builds here, then pack them")
     pf.add_argument("--tier", action="store_true", help="the GPU tier's builds")
     pf.add_argument("--report", action="store_true", help="benchmarks.report's builds")
+    pf.add_argument("--sanitize", action="store_true", help="tools/sanitize.sh's builds")
     pf.add_argument("--ab", nargs="+", default=[], metavar="ROW",
                     help="the builds of these rows for every tree under ab/")
     pf.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -156,9 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         n, size = pack()
         print(f"gpu_cache: {n} files in {ARCHIVE.relative_to(ROOT)} ({size / 2**20:.1f} MiB)")
         return 0
-    if not (a.tier or a.report or a.ab):
-        p.error("fill: name --tier, --report, --ab ROW ..., or several")
-    return fill(a.tier, a.report, a.ab, a.jobs)
+    if not (a.tier or a.report or a.sanitize or a.ab):
+        p.error("fill: name --tier, --report, --sanitize, --ab ROW ..., or several")
+    return fill(a.tier, a.report, a.sanitize, a.ab, a.jobs)
 
 
 if __name__ == "__main__":

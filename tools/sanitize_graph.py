@@ -41,6 +41,8 @@ Exit status: 0 when every output is within its error bound, 1 on a mismatch, 2 w
 itself failed.
 
     python tools/sanitize_graph.py [--m 130 --k 72 --n 66] [--runs 2] [--timeout 120]
+    python tools/sanitize_graph.py --builds   (no GPU: compile the builds the run asks for
+                                               into the cache; tools/gpu_cache.py)
 """
 from __future__ import annotations
 
@@ -248,6 +250,41 @@ def check(y: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
     return True, f"max error {err.max():.3e} (bound at worst {bound.flat[worst]:.3e})"
 
 
+def program_graphs(m: int, k: int, n: int, seed: int) -> list[tuple[megak.Graph, int | None]]:
+    """The six programs main compiles, in order (prog .. prog6): (graph, the SMs it is
+    compiled for: None for the device's)."""
+    return [(build(m, k, n), None), (wgmma_graph(), 2), (split_graph(), 8),
+            (ring_graph(), RING_SMS), (tiles_graph(), TILES_SMS),
+            (const_graph(np.random.default_rng(seed + 6))[0], RING_SMS)]
+
+
+RESIDENT_PROGRAMS = (0, 3, 4, 5)   # prog, prog4, prog5, prog6: one resident kernel serves them
+DEVICE_SMS = 132                   # --builds lowers "the device's" SMs as the H200's
+
+
+def compile_builds(args) -> int:
+    """--builds: the builds the run asks for, compiled into the cache without a GPU: each
+    program's (tools/ab_trees.py program_builds: its bodies, MK_WGMMA_ONLY where it runs
+    there) and the resident kernel's build of RESIDENT_PROGRAMS' bodies."""
+    from ab_trees import program_builds   # tools/, on sys.path when run as a script
+
+    from megak.runtime import compiler, executor
+    builds, union = {}, 0
+    for i, (graph, n_sm) in enumerate(program_graphs(args.m, args.k, args.n, args.seed)):
+        plan = megak.compile(graph, backend="sim", n_sm=n_sm or DEVICE_SMS).plan
+        for what, defines in program_builds(plan, False, False).items():
+            builds.setdefault(what, defines)
+        if i in RESIDENT_PROGRAMS:
+            union |= int(next(iter(program_builds(plan, False, False))), 16)
+    builds[f"{union:#x} resident"] = executor.CudaExecutor._variant_defines(
+        None, False, 0, union, True)
+    for what, defines in builds.items():
+        k = compiler.compile_megakernel(defines=defines)
+        print(f"sanitize_graph: build {what} {'cached' if k.from_cache else 'compiled'}",
+              flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--m", type=int, default=130)
@@ -257,26 +294,21 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="device spin deadline in s (generous: the sanitizer is slow)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--builds", action="store_true",
+                   help="compile the builds the run asks for (no GPU), run nothing")
     args = p.parse_args(argv)
+    if args.builds:
+        return compile_builds(args)
 
     rng = np.random.default_rng(args.seed)
-    prog = prog2 = prog3 = prog4 = prog5 = prog6 = None
-    g = build(args.m, args.k, args.n)
-    g2 = wgmma_graph()
+    progs = [None] * 6
     try:
-        prog = megak.compile(g, backend="cuda", timeout_s=args.timeout, debug=True)
-        prog2 = megak.compile(g2, backend="cuda", n_sm=2, timeout_s=args.timeout, debug=True)
-        g3 = split_graph()
-        prog3 = megak.compile(g3, backend="cuda", n_sm=8, timeout_s=args.timeout, debug=True)
-        g4 = ring_graph()
-        prog4 = megak.compile(g4, backend="cuda", n_sm=RING_SMS, timeout_s=args.timeout,
-                              debug=True)
-        g5 = tiles_graph()
-        prog5 = megak.compile(g5, backend="cuda", n_sm=TILES_SMS, timeout_s=args.timeout,
-                              debug=True)
-        g6, w6 = const_graph(np.random.default_rng(args.seed + 6))
-        prog6 = megak.compile(g6, backend="cuda", n_sm=RING_SMS, timeout_s=args.timeout,
-                              debug=True)
+        graphs = program_graphs(args.m, args.k, args.n, args.seed)
+        (g, _), (g2, _), (g3, _), (g4, _), (g5, _), (g6, _) = graphs
+        for i, (graph, n_sm) in enumerate(graphs):
+            progs[i] = megak.compile(graph, backend="cuda", n_sm=n_sm, timeout_s=args.timeout,
+                                     debug=True)
+        prog, prog2, prog3, prog4, prog5, prog6 = progs
         streamed = prog4.plan.instrs["flags"] & abi.FLAG_STREAM
         if prog4.plan.stream_pages == 0 or not streamed.all():
             raise RuntimeError(f"ring_graph streams no weights (ring of "
@@ -290,14 +322,15 @@ def main(argv=None) -> int:
         return 2
     ok = True
     try:
-        for pr in (prog, prog2, prog3, prog4, prog5, prog6):
+        for pr in progs:
             ex = getattr(pr, "_executor", None)
             if ex is not None and hasattr(ex, "host_timeout_s"):
                 ex.host_timeout_s = math.inf  # the sanitizer's pace is not a hang
         resident = None
         for run in range(2 * args.runs):
             if run == args.runs:   # the same runs again as requests of a resident kernel
-                resident = megak.resident(prog, prog4, prog5, prog6, idle_s=math.inf)
+                resident = megak.resident(*(progs[i] for i in RESIDENT_PROGRAMS),
+                                          idle_s=math.inf)
             a = rng.uniform(-1, 1, (args.m, args.k)).astype(np.float32)
             b = rng.uniform(-1, 1, (args.k, args.n)).astype(np.float32)
             bf = {name: rng.uniform(-1, 1, shape).astype(np.float32).astype(BF16)
@@ -383,7 +416,7 @@ def main(argv=None) -> int:
         print("sanitize_graph: FAILED while running", flush=True)
         return 2
     finally:
-        for pr in (prog, prog2, prog3, prog4, prog5, prog6):
+        for pr in progs:
             close = getattr(pr, "close", None)
             if close is not None:
                 try:
