@@ -172,13 +172,10 @@ def build_rows(rows: list[str], n_sm: int, arch: str, seed: int, report: bool = 
     sys.path (what `run` and `time` ask for; with `report`, what `benchmarks.report` asks for
     too: program_builds), the programs lowered for `n_sm` SMs without a GPU; one JSON line
     each."""
-    import time
-
     import numpy as np
 
     import megak
     from benchmarks import workloads as W
-    from megak.runtime import compiler
     rng = np.random.default_rng(seed)
     builds = {"every body": None}
     for name in rows:
@@ -187,6 +184,15 @@ def build_rows(rows: list[str], n_sm: int, arch: str, seed: int, report: bool = 
         plan = megak.compile(graph, backend="sim", n_sm=n_sm).plan
         for what, defines in program_builds(plan, report, report and w.kind == "call").items():
             builds.setdefault(what, defines)
+    compile_builds(builds, arch)
+
+
+def compile_builds(builds: dict[str, dict | None], arch: str) -> None:
+    """Compile each named build into the cache; one JSON line each (what `prebuild` and
+    tools/gpu_cache.py read)."""
+    import time
+
+    from megak.runtime import compiler
     for what, defines in builds.items():
         t0 = time.monotonic()
         k = compiler.compile_megakernel(arch, defines=defines)

@@ -103,6 +103,18 @@ def report_rows(python: str = sys.executable) -> list[str]:
     return done.stdout.split()
 
 
+def _builds(what: str, command: list[str], env: dict) -> int:
+    """Run a command that compiles builds and prints one JSON line each (ab_trees.py
+    compile_builds); say how many it compiled. Its exit status."""
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    built = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    print(f"gpu_cache: the {what}'s {len(built)} builds "
+          f"({sum(not b['from_cache'] for b in built)} compiled)", flush=True)
+    if done.returncode != 0:
+        print(done.stderr[-3000:], flush=True)
+    return done.returncode
+
+
 def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int) -> int:
     packages = gpu_packages()
     python = make_env(packages)
@@ -118,25 +130,12 @@ def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int
                         if line.startswith("prebuild_bodies")), flush=True)
         status |= done.returncode
     if report:
-        done = subprocess.run([str(python), "tools/ab_trees.py", "build", "--report",
-                               "--n-sm", "132", "--arch", "sm_90a", "--seed", "7",
-                               "--rows", *report_rows(str(python))], cwd=ROOT, env=env,
-                              capture_output=True, text=True)
-        built = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-        print(f"gpu_cache: the report's {len(built)} builds "
-              f"({sum(not b['from_cache'] for b in built)} compiled)", flush=True)
-        if done.returncode != 0:
-            print(done.stderr[-3000:], flush=True)
-        status |= done.returncode
+        status |= _builds("report", [str(python), "tools/ab_trees.py", "build", "--report",
+                                     "--n-sm", "132", "--arch", "sm_90a", "--seed", "7",
+                                     "--rows", *report_rows(str(python))], env)
     if sanitize:
-        done = subprocess.run([str(python), "tools/sanitize_graph.py", "--builds"], cwd=ROOT,
-                              env=env, capture_output=True, text=True)
-        built = [line for line in done.stdout.splitlines() if " build " in line]
-        print(f"gpu_cache: the sanitizer's {len(built)} builds "
-              f"({sum(line.endswith('compiled') for line in built)} compiled)", flush=True)
-        if done.returncode != 0:
-            print(done.stderr[-3000:], flush=True)
-        status |= done.returncode
+        status |= _builds("sanitizer", [str(python), "tools/sanitize_graph.py", "--builds"],
+                          env)
     if ab_rows:
         done = subprocess.run([str(python), "tools/ab_trees.py", "prebuild", "--jobs", str(jobs),
                                "--rows", *ab_rows], cwd=ROOT, env=env)

@@ -266,9 +266,9 @@ def compile_builds(args) -> int:
     """--builds: the builds the run asks for, compiled into the cache without a GPU: each
     program's (tools/ab_trees.py program_builds: its bodies, MK_WGMMA_ONLY where it runs
     there) and the resident kernel's build of RESIDENT_PROGRAMS' bodies."""
-    from ab_trees import program_builds   # tools/, on sys.path when run as a script
+    from ab_trees import compile_builds, program_builds   # tools/: on sys.path as a script
 
-    from megak.runtime import compiler, executor
+    from megak.runtime import executor
     builds, union = {}, 0
     for i, (graph, n_sm) in enumerate(program_graphs(args.m, args.k, args.n, args.seed)):
         plan = megak.compile(graph, backend="sim", n_sm=n_sm or DEVICE_SMS).plan
@@ -278,10 +278,7 @@ def compile_builds(args) -> int:
             union |= int(next(iter(program_builds(plan, False, False))), 16)
     builds[f"{union:#x} resident"] = executor.CudaExecutor._variant_defines(
         None, False, 0, union, True)
-    for what, defines in builds.items():
-        k = compiler.compile_megakernel(defines=defines)
-        print(f"sanitize_graph: build {what} {'cached' if k.from_cache else 'compiled'}",
-              flush=True)
+    compile_builds(builds, "sm_90a")
     return 0
 
 
