@@ -19,10 +19,10 @@ def test_builds_names_each_program_s_build_and_the_resident_kernel_s(monkeypatch
                         lambda arch="sm_90a", defines=None, cache_dir=None:
                         asked.append(defines) or Built())
     args = argparse.Namespace(m=130, k=72, n=66, seed=1234)
-    assert sg.compile_builds(args) == 0
-    bodies = []
+    assert sg.prebuild(args) == 0
+    bodies, device_sms = [], load_tool("ab_trees").H200_SMS
     for graph, n_sm in sg.program_graphs(130, 72, 66, 1234):
-        plan = megak.compile(graph, backend="sim", n_sm=n_sm or sg.DEVICE_SMS).plan
+        plan = megak.compile(graph, backend="sim", n_sm=n_sm or device_sms).plan
         bodies.append(executor.program_bodies(
             plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values)))
     union = 0

@@ -317,9 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     pb.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     pc = sub.add_parser("build", help=argparse.SUPPRESS)
     pc.add_argument("--rows", nargs="+", required=True)
-    pc.add_argument("--n-sm", type=int, required=True)
-    pc.add_argument("--arch", required=True)
-    pc.add_argument("--seed", type=int, required=True)
+    pc.add_argument("--n-sm", type=int, default=H200_SMS)
+    pc.add_argument("--arch", default="sm_90a")
+    pc.add_argument("--seed", type=int, default=7)
     pc.add_argument("--report", action="store_true",
                     help="also the builds benchmarks.report asks for (program_builds)")
     pt = sub.add_parser("time", help=argparse.SUPPRESS)

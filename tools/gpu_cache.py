@@ -131,7 +131,6 @@ def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int
         status |= done.returncode
     if report:
         status |= _builds("report", [str(python), "tools/ab_trees.py", "build", "--report",
-                                     "--n-sm", "132", "--arch", "sm_90a", "--seed", "7",
                                      "--rows", *report_rows(str(python))], env)
     if sanitize:
         status |= _builds("sanitizer", [str(python), "tools/sanitize_graph.py", "--builds"],

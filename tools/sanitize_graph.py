@@ -259,23 +259,24 @@ def program_graphs(m: int, k: int, n: int, seed: int) -> list[tuple[megak.Graph,
 
 
 RESIDENT_PROGRAMS = (0, 3, 4, 5)   # prog, prog4, prog5, prog6: one resident kernel serves them
-DEVICE_SMS = 132                   # --builds lowers "the device's" SMs as the H200's
 
 
-def compile_builds(args) -> int:
+def prebuild(args) -> int:
     """--builds: the builds the run asks for, compiled into the cache without a GPU: each
     program's (tools/ab_trees.py program_builds: its bodies, MK_WGMMA_ONLY where it runs
-    there) and the resident kernel's build of RESIDENT_PROGRAMS' bodies."""
-    from ab_trees import compile_builds, program_builds   # tools/: on sys.path as a script
+    there; "the device's" SMs taken as the H200's) and the resident kernel's build of
+    RESIDENT_PROGRAMS' bodies."""
+    from ab_trees import H200_SMS, compile_builds, program_builds   # tools/: a script's path
 
-    from megak.runtime import executor
+    from megak.runtime import executor, packed_weights
     builds, union = {}, 0
     for i, (graph, n_sm) in enumerate(program_graphs(args.m, args.k, args.n, args.seed)):
-        plan = megak.compile(graph, backend="sim", n_sm=n_sm or DEVICE_SMS).plan
+        plan = megak.compile(graph, backend="sim", n_sm=n_sm or H200_SMS).plan
         for what, defines in program_builds(plan, False, False).items():
             builds.setdefault(what, defines)
         if i in RESIDENT_PROGRAMS:
-            union |= int(next(iter(program_builds(plan, False, False))), 16)
+            union |= executor.program_bodies(
+                plan.instrs, packed_weights.packed_forms(plan.instrs, plan.constant_values))
     builds[f"{union:#x} resident"] = executor.CudaExecutor._variant_defines(
         None, False, 0, union, True)
     compile_builds(builds, "sm_90a")
@@ -295,7 +296,7 @@ def main(argv=None) -> int:
                    help="compile the builds the run asks for (no GPU), run nothing")
     args = p.parse_args(argv)
     if args.builds:
-        return compile_builds(args)
+        return prebuild(args)
 
     rng = np.random.default_rng(args.seed)
     progs = [None] * 6
