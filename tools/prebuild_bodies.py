@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import megak                        # noqa: E402  (after the path)
 from megak.runtime import compiler  # noqa: E402
 
-N_SM = 132   # the H200's SMs: the lowering (split-K, bands) depends on it
+from ab_trees import H200_SMS as N_SM   # noqa: E402  (the lowering depends on the SMs)
 
 
 class Recorder:
