@@ -1,5 +1,6 @@
-"""tools/sanitize_graph.py's CPU half: the builds its run asks for, compiled without a GPU
-(--builds, what tools/gpu_cache.py fill --sanitize runs)."""
+"""tools/sanitize_graph.py on the CPU: the builds its run asks for, compiled without a GPU
+(--builds, what tools/gpu_cache.py fill --sanitize runs), and the run itself on the
+simulator."""
 import argparse
 
 from tests.tools import ROOT, load_tool
