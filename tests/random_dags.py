@@ -194,6 +194,23 @@ def random_stream_graph(seed: int) -> megak.Graph:
     return _with_outputs(g, pool, rng)
 
 
+def random_layer_chain(rng, dtype: str, batches: list[int], widths: list[int]) -> tuple:
+    """x @ W_i through 1-3 layers of a batch and widths drawn from `batches` and `widths`, each
+    layer with an fp32 bias and a relu or silu at random, every layer's result an output (the
+    GPU stress tests' chains). Returns (graph, batch, widths)."""
+    m = int(rng.choice(batches))
+    dims = [int(rng.choice(widths)) for _ in range(int(rng.integers(2, 5)))]
+    g = megak.Graph()
+    x = g.input("x", (m, dims[0]), dtype)
+    for i, (k, n) in enumerate(zip(dims[:-1], dims[1:])):
+        x = g.gemm(x, g.input(f"w{i}", (k, n), dtype),
+                   bias=g.input(f"b{i}", (n,), "float32") if rng.random() < 0.5 else None,
+                   activation=str(rng.choice(["relu", "silu"])) if rng.random() < 0.5
+                   else None)
+        g.output(x, f"h{i}")
+    return g, m, dims
+
+
 def _with_outputs(g: megak.Graph, pool: list, rng) -> megak.Graph:
     """The last op's result as an output, and each other op's with probability 0.3."""
     produced = [t for t in pool if t.producer is not None]

@@ -32,8 +32,8 @@ ENTRIES = ("megakernel", "megak_op")
 CONTROL_FUNCTIONS = ("mk_compute", "mk_loader", "megakernel_resident")
 # an op body may save a few registers once per call (tests/test_device_compile.py says why)
 OP_SAVE_LIMIT = 32
-GEMM_BODIES = ("mk_gemm_f32", "mk_gemm_bf16", "mk_gemm_stream", "mk_gemm_wgmma",
-               "mk_gemm_wgmma_generic")
+GEMM_BODIES = ("mk_gemm_f32", "mk_gemm_f32_short", "mk_gemm_bf16", "mk_gemm_stream",
+               "mk_gemm_wgmma", "mk_gemm_wgmma_generic")
 # mk_gemm_stream is one function per form its dispatch tells apart (gemm_stream.cuh,
 # mk_stream_form: any record, narrow bands of 9-16 and of 1-8 rows, one-part wide bands)
 STREAM_FORMS = 4
@@ -350,6 +350,161 @@ def test_bf16_tile_model(m, k, n, row0, col0, rows, cols, k0, klen):
     tile = _model_tile(a, b, row0, col0, rows, cols, k0, klen)
     np.testing.assert_allclose(tile[:rows, :cols], ref, rtol=1e-12, atol=1e-12)
     assert (tile[rows:] == 0).all() and (tile[:, cols:] == 0).all()
+
+
+# ---- numpy model of the short fp32 tile (restates ops/gemm_f32_short.cuh) --------------------
+
+SHORT_ROWS, SHORT_STAGES, SHORT_COLS = 16, 3, 128   # MK_GEMM_F32_SHORT_ROWS, _STAGES; columns
+SHORT_A_BYTES = SHORT_ROWS * BK * 4                 # MK_F32S_A_BYTES: one stage's A slice
+
+
+def _wavefronts(byte_addrs) -> int:
+    """Shared-memory wavefronts of one warp-wide 16-B load or store: distinct 16-B chunks,
+    grouped by 128-B bank lines (8 chunks a wavefront at best, any line, no bank twice)."""
+    chunks = sorted({a // 16 for a in byte_addrs})
+    banks: dict[int, int] = {}
+    for c in chunks:
+        banks[c % 8] = banks.get(c % 8, 0) + 1
+    return max(max(banks.values()), -(-len(chunks) // 8))
+
+
+def _model_short_tile(a, b, row0, col0, rows, cols, k0, klen, preloaded):
+    """The staging rows the device's short fp32 path leaves in page 0 (float64 math), copies
+    by the loader (`preloaded` leading stages, lanes lane + 32 j) and the compute threads."""
+    pages = [np.full(PAGE // 4, np.nan) for _ in range(4)]   # never-written floats stay NaN
+    copied = [np.zeros(PAGE // 4, int) for _ in range(4)]
+
+    def cp16(page, dst, mat, r, c, n):
+        """cp.async 16 B: `n` floats read (r, c ..), the rest zeroed."""
+        assert dst % 16 == 0
+        vals = np.zeros(4)
+        if n:
+            assert 0 <= r < mat.shape[0] and c + n <= mat.shape[1]
+            vals[:n] = mat[r, c:c + n]
+        pages[page][dst // 4:dst // 4 + 4] = vals
+        copied[page][dst // 4:dst // 4 + 4] += 1
+
+    def copy_b(page, kt, i):
+        r, c = i >> 5, i & 31
+        k = kt * BK + r
+        n = min(4, max(0, cols - 4 * c)) if k < klen else 0
+        cp16(page, (r * SHORT_COLS + 4 * c) * 4, b, k0 + k, col0 + 4 * c, n)
+
+    def copy_a(stage, kt, i):
+        m, j = i >> 3, i & 7
+        k = kt * BK + 4 * j
+        n = min(4, max(0, klen - k)) if m < rows else 0
+        cp16(3, stage * SHORT_A_BYTES + (m * BK + 4 * j) * 4, a, row0 + m, k0 + k, n)
+
+    def load(kt, stage, roles):
+        for p in (stage, 3):
+            copied[p][:] = 0
+        inside = (kt + 1) * BK <= klen   # the lean copies of a slice inside K
+        for t in roles:   # the compute threads' chunks, as load() sets them up
+            b_row, b_chunk = t >> 5, t & 31
+            b_bytes = 4 * min(4, max(0, cols - 4 * b_chunk))
+            for j in range(4):
+                assert (b_row + 8 * j) * 32 + b_chunk == t + 256 * j   # copy_b's chunk number
+                if inside:   # b_from + kt b_slice + j b_rows8, b_to + 8 j rows, b_bytes
+                    cp16(stage, (b_row * SHORT_COLS + 4 * b_chunk) * 4 + 8 * j * SHORT_COLS * 4,
+                         b, k0 + kt * BK + b_row + 8 * j, col0 + 4 * b_chunk, b_bytes // 4)
+                else:
+                    copy_b(stage, kt, t + 256 * j)
+            if t < 128:
+                a_row, a_chunk = t >> 3, t & 7
+                if inside:   # a_from + kt BK into a_to + the stage's slice, a_bytes
+                    cp16(3, stage * SHORT_A_BYTES + (a_row * BK + 4 * a_chunk) * 4, a,
+                         row0 + a_row, k0 + kt * BK + 4 * a_chunk, 4 if a_row < rows else 0)
+                else:
+                    copy_a(stage, kt, t)
+        assert (copied[stage] == 1).all()                      # the whole B slice, once
+        span = slice(stage * SHORT_A_BYTES // 4, (stage + 1) * SHORT_A_BYTES // 4)
+        assert (copied[3][span] == 1).all() and copied[3].sum() == SHORT_A_BYTES // 4
+
+    def loader_load(kt):
+        copied[kt][:] = 0
+        copied[3][:] = 0
+        for lane in range(32):
+            for i in range(lane, 1024, 32):
+                copy_b(kt, kt, i)
+            for i in range(lane, 128, 32):
+                copy_a(kt, kt, i)
+        assert (copied[kt] == 1).all() and copied[3].sum() == SHORT_A_BYTES // 4
+
+    ntiles = -(-klen // BK)
+    stages = min(ntiles, preloaded)
+    for kt in range(stages):
+        loader_load(kt)
+    acc = np.zeros((8, 32, SHORT_ROWS, 4))   # warp, lane, row, column
+    m_loop = SHORT_ROWS if rows > SHORT_ROWS // 2 else SHORT_ROWS // 2
+    for kt in range(ntiles):
+        s = kt % SHORT_STAGES
+        if kt >= stages:      # (the device issues it two slices ahead; the data is the same)
+            load(kt, s, range(256))
+        bpage, apage = pages[s], pages[3][s * SHORT_A_BYTES // 4:(s + 1) * SHORT_A_BYTES // 4]
+        for w in range(8):
+            rows_b = [[(4 * w + kk) * SHORT_COLS + 4 * lane for lane in range(32)]
+                      for kk in range(4)]
+            for kk in range(4):   # one 512-B row a load: the minimum 4 wavefronts
+                assert _wavefronts([4 * x for x in rows_b[kk]]) == 4
+            a_at = [m * BK + 4 * w for m in range(m_loop)]   # a broadcast per row
+            for lane in range(32):
+                bk = np.array([bpage[rows_b[kk][lane]:rows_b[kk][lane] + 4] for kk in range(4)])
+                for m in range(m_loop):
+                    acc[w, lane, m] += apage[a_at[m]:a_at[m] + 4] @ bk
+    # the partial tiles: warp w's in page w // 2 at float 2048 (w % 2), rows m < rows
+    part = [np.full(PAGE // 4, np.nan) for _ in range(4)]
+    for w in range(8):
+        for m in range(rows):
+            addrs = []
+            for lane in range(32):
+                off = (w & 1) * 2048 + m * SHORT_COLS + 4 * lane
+                assert np.isnan(part[w >> 1][off:off + 4]).all(), "written twice"
+                part[w >> 1][off:off + 4] = acc[w, lane, m]
+                addrs.append(4 * off)
+            assert _wavefronts(addrs) == 4
+    # the sums (rows w and w + 8, lane's columns) into the staging rows of page 0
+    stage = np.full(PAGE // 4, np.nan)
+    for w in range(8):
+        for h in range(2):
+            r = w + 8 * h
+            if r >= rows:
+                continue
+            addrs = []
+            for lane in range(32):
+                total = np.zeros(4)
+                for v in range(8):
+                    off = (v & 1) * 2048 + r * SHORT_COLS + 4 * lane
+                    total += part[v >> 1][off:off + 4]
+                so = (r % 32) * 128 + ((lane ^ (r & 7)) << 2)   # mk_gemm_stage_at
+                stage[so:so + 4] = total
+                addrs.append(4 * so)
+            assert _wavefronts(addrs) == 4
+    tile = np.zeros((rows, SHORT_COLS))
+    for r in range(rows):
+        for ch in range(32):
+            so = (r % 32) * 128 + ((ch ^ (r & 7)) << 2)
+            tile[r, 4 * ch:4 * ch + 4] = stage[so:so + 4]
+    return tile
+
+
+@pytest.mark.parametrize("m,k,n,row0,col0,rows,cols,k0,klen,preloaded", [
+    (16, 32, 128, 0, 0, 16, 128, 0, 32, 2),       # one full slice, from the loader
+    (16, 300, 260, 0, 128, 16, 128, 0, 300, 2),   # 10 slices: the stages reused, a tail slice
+    (20, 200, 300, 4, 256, 9, 44, 64, 130, 0),    # 9 rows, column and k tails, no preload
+    (1, 1, 1, 0, 0, 1, 1, 0, 1, 2),
+    (8, 100, 40, 0, 0, 8, 37, 36, 61, 1),         # 8 rows (the 8-row loop), one stage preloaded
+    (16, 64, 8, 0, 4, 15, 4, 0, 64, 2),           # one column chunk
+])
+def test_short_fp32_tile_model(m, k, n, row0, col0, rows, cols, k0, klen, preloaded):
+    rng = np.random.default_rng(m * 1000 + k + klen)
+    a = rng.standard_normal((m, k))
+    b = rng.standard_normal((k, n))
+    # NaN outside the region: a read there, or a missing zero fill, would show
+    ref = nan_outside_tile(a, b, row0, rows, col0, cols, k0, klen)
+    tile = _model_short_tile(a, b, row0, col0, rows, cols, k0, klen, preloaded)
+    np.testing.assert_allclose(tile[:, :cols], ref, rtol=1e-12, atol=1e-12)
+    assert (tile[:, cols:] == 0).all()
 
 
 # ---- the MK_WGMMA_ONLY kernel (device/pages.cuh): the wgmma body inlined, MMAs pipelined ----

@@ -5,7 +5,9 @@ an fp32 gemm -> transpose -> copy, and in bf16 a chain of two GEMMs of 16 rows (
 GEMMs loading their weights themselves: the program's wgmma GEMMs leave no pages for a ring;
 narrow bands) and one of 40 rows on the same weights (wide bands: row bands of two m16
 tiles and of one), plus a 128-row
-tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), and
+tile GEMM whose first stages the loader fills, with early page hand-back (short tiles), a
+chain of two fp32 GEMMs of 16 rows on the short fp32 tile (device/ops/gemm_f32_short.cuh:
+the loader's B stages before the wait, the first layer split over K), and
 the row-wise ops: a broadcast add -> causal softmax -> layernorm -> rmsnorm chain in bf16,
 and a small fp32 copy/add chain whose intermediates carry their own flags (device/flag.cuh),
 and two chained Hopper GEMMs (128 x 256 wgmma tiles, TMA copies the loader warp issues into
@@ -67,6 +69,8 @@ U32 = 2.0 ** -24  # fp32 unit roundoff
 
 BF16_U = 2.0 ** -8  # bf16 unit roundoff (outputs rounded to nearest even)
 STREAM_M, BF16_K, BF16_N, TILE_M = 16, 200, 40, 40
+# zs = silu((xs @ ws1) @ ws2 + bs2) in fp32: short tiles (16 rows), the first split over K
+SHORT_X, SHORT_N, SHORT_N2 = (16, 300), 200, 70
 
 
 def build(m: int, k: int, n: int) -> megak.Graph:
@@ -101,6 +105,10 @@ def build(m: int, k: int, n: int) -> megak.Graph:
     g.output(g.gemm(v, g.input("w4", (WG_N, WG_N2), "bfloat16"), activation="gelu",
                     residual=g.input("res4", (WG_U[0], WG_N2), "float32"),
                     out_dtype="float32"), "o")
+    hs = g.gemm(g.input("xs", SHORT_X, "float32"), g.input("ws1", (SHORT_X[1], SHORT_N),
+                                                          "float32"))
+    g.output(g.gemm(hs, g.input("ws2", (SHORT_N, SHORT_N2), "float32"),
+                    bias=g.input("bs2", (SHORT_N2,), "float32"), activation="silu"), "zs")
     return g
 
 
@@ -346,7 +354,11 @@ def main(argv=None) -> int:
                     "w3": rng.uniform(-1, 1, (WG_U[1], WG_N)).astype(np.float32).astype(BF16),
                     "bias3": rng.uniform(-1, 1, WG_N).astype(np.float32),
                     "w4": rng.uniform(-1, 1, (WG_N, WG_N2)).astype(np.float32).astype(BF16),
-                    "res4": rng.uniform(-1, 1, (WG_U[0], WG_N2)).astype(np.float32)}
+                    "res4": rng.uniform(-1, 1, (WG_U[0], WG_N2)).astype(np.float32),
+                    "xs": rng.uniform(-1, 1, SHORT_X).astype(np.float32),
+                    "ws1": rng.uniform(-1, 1, (SHORT_X[1], SHORT_N)).astype(np.float32),
+                    "ws2": rng.uniform(-1, 1, (SHORT_N, SHORT_N2)).astype(np.float32),
+                    "bs2": rng.uniform(-1, 1, SHORT_N2).astype(np.float32)}
             if resident is None:
                 out = prog.run(a=a, b=b, **bf, **rows)
             else:
@@ -362,7 +374,9 @@ def main(argv=None) -> int:
                        check_reference(g, {**rows, "a": a, "b": b, **bf}, out["v"], "v",
                                        "v = u @ w3 + bias3 (wgmma)"),
                        check_reference(g, {**rows, "a": a, "b": b, **bf}, out["o"], "o",
-                                       "o = gelu(v @ w4) + res4 (wgmma)")]
+                                       "o = gelu(v @ w4) + res4 (wgmma)"),
+                       check_reference(g, {**rows, "a": a, "b": b, **bf}, out["zs"], "zs",
+                                       "zs = silu((xs @ ws1) @ ws2 + bs2) (short fp32 tiles)")]
             if resident is None:
                 w = {"t": rng.uniform(-1, 1, WG2_T),
                      "w5": rng.uniform(-1, 1, (WG2_T[1], WG2_N)),

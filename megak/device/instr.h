@@ -65,6 +65,11 @@ enum mk_op_shapes {
     MK_GEMM_BF16_PRELOAD_STAGES = MK_GEMM_BF16_PAGES - 1,
                                /* the loader fills at most this many stages: the op must find one
                                   empty to issue its next load into when it starts */
+    MK_GEMM_F32_SHORT_ROWS = 16, /* fp32: a tile of at most this many rows multiplies only its
+                                  rows (ops/gemm_f32_short.cuh), B through a cp.async ring */
+    MK_GEMM_F32_SHORT_STAGES = 3, /* its B stages, one page each; its A slices share the 4th */
+    MK_GEMM_F32_SHORT_PRELOAD_STAGES = MK_GEMM_F32_SHORT_STAGES - 1,
+                               /* the loader fills at most this many (as for bf16) */
     MK_GEMM_STAGE_ROWS = 32,   /* epilogue: staging rows of 128 fp32 per page, so a tile of
                                   fewer rows keeps fewer pages for its epilogue */
     MK_TRANSPOSE_TILE = 128,   /* 128 x 128 fp32 output region per instruction (64 KiB) */

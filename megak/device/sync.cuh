@@ -260,6 +260,14 @@ __device__ __forceinline__ void mk_cp_async_f4z(mk_u32 smem, const float* gmem, 
                  : : "r"(smem), "l"(gmem), "r"(src_bytes) : "memory");
 }
 
+/* mk_cp_async_f4z with an L2 cache policy (createpolicy: stream.cuh's mk_policy_*). */
+__device__ __forceinline__ void mk_cp_async_f4z_policy(mk_u32 smem, const float* gmem,
+                                                       mk_u32 src_bytes, mk_u64 policy)
+{
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+                 : : "r"(smem), "l"(gmem), "r"(src_bytes), "l"(policy) : "memory");
+}
+
 __device__ __forceinline__ void mk_cp_async_f(mk_u32 smem, const float* gmem)
 {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" : : "r"(smem), "l"(gmem) : "memory");

@@ -490,11 +490,13 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _bf16_vec(*offsets: int) -> bool:
+def _vec(dtype: str, *offsets: int) -> bool:
     """The device's test for the 16-B cp.async path, on the simulator's tensors: megak-owned
     rows start 16-B aligned (MK_TENSOR_ALIGN_BYTES), so an element offset inside a row is
-    16-B aligned when it is a multiple of 8 bf16. The device tests the real pointers."""
-    return all(o % TENSOR_ALIGN_ELEMS["bfloat16"] == 0 for o in offsets)
+    16-B aligned when it is a multiple of 8 bf16 or 4 fp32. The device tests the real
+    pointers (a caller's tensor may fail it: its op then loads what this plan calls
+    preloaded itself, later and inside its own pages)."""
+    return all(o % TENSOR_ALIGN_ELEMS[dtype] == 0 for o in offsets)
 
 
 # the wgmma tile: the loader fills the first 4 stages of 3 pages after the wait (TMA copies;
@@ -521,6 +523,14 @@ def _stream_plan(rec) -> PagePlan:
     return PagePlan(phases=(((0, 1, 2), ()), ((0, 1, 2), (1, 2)), ((0,), (0,))))
 
 
+def f32_short(rec) -> bool:
+    """Whether an fp32 tile record takes the short path (device/ops/gemm_f32_short.cuh,
+    mk_gemm_f32_short_ok): at most MK_GEMM_F32_SHORT_ROWS rows, both operands' origins
+    16-B aligned (on megak's tensors: the test of _vec)."""
+    return (int(rec["rows"]) <= SHAPES["MK_GEMM_F32_SHORT_ROWS"]
+            and _vec("float32", int(rec["k0"]), int(rec["col0"])))
+
+
 def _tile_plan(rec, dtype_a: str) -> PagePlan:
     rows, klen = int(rec["rows"]), int(rec["klen"])
     n_pages = PAGES_BY_DTYPE[dtype_a]
@@ -528,20 +538,27 @@ def _tile_plan(rec, dtype_a: str) -> PagePlan:
     kept = min(n_pages, _ceil_div(max(rows, 0), SHAPES["MK_GEMM_STAGE_ROWS"]))
     phases = ((ring, ring[kept:]),          # the k loop, then the stages the epilogue skips
               (ring[:kept], ring[:kept]))   # the epilogue
-    if dtype_a != "bfloat16":
-        # the fp32 path double-buffers inside the op: nothing for the loader to fill
+    bk = SHAPES["MK_GEMM_BF16_BK" if dtype_a == "bfloat16" else "MK_GEMM_BK"]
+    slices = _ceil_div(max(klen, 0), bk)
+    if dtype_a == "bfloat16":
+        n = 0
+        if _vec("bfloat16", int(rec["k0"]), int(rec["col0"])):
+            n = min(SHAPES["MK_GEMM_BF16_PRELOAD_STAGES"], slices)
+        # each stage page holds a slice of B and a slice of A: with B a graph input its half
+        # is written before the wait and A's after, so the same pages appear in both lists
+        b_pages = a_pages = tuple(range(n))
+    elif f32_short(rec):
+        # the short fp32 tile: B's stage s in page s, every stage's A slice in the page after
+        # the stages (its partial tiles then fill all four, the fp32 tile's phases)
+        n = min(SHAPES["MK_GEMM_F32_SHORT_PRELOAD_STAGES"], slices)
+        b_pages, a_pages = tuple(range(n)), (SHAPES["MK_GEMM_F32_SHORT_STAGES"],) if n else ()
+    else:
+        # the 128 x 128 fp32 tile double-buffers inside the op: nothing for the loader to fill
         return PagePlan(phases=phases)
-    n = 0
-    if _bf16_vec(int(rec["k0"]), int(rec["col0"])):
-        n = min(SHAPES["MK_GEMM_BF16_PRELOAD_STAGES"],
-                _ceil_div(max(klen, 0), SHAPES["MK_GEMM_BF16_BK"]))
-    stages = tuple(range(n))
-    # each stage page holds a slice of B and a slice of A: with B a graph input its half is
-    # written before the wait and A's after, so the same pages appear in both lists
     if not int(rec["flags"]) & abi.FLAG_B_READY:
-        return PagePlan(preload_late=stages, phases=phases)
+        return PagePlan(preload_late=tuple(sorted(set(b_pages + a_pages))), phases=phases)
     k0, c0, cols = int(rec["k0"]), int(rec["col0"]), int(rec["cols"])
     # the flag promises all of B's band is final, not only the preloaded stages
     b_band = ((abi.ARG_B, k0, k0 + klen, c0, c0 + cols),)
-    return PagePlan(preload_early=stages, preload_late=stages, phases=phases,
-                    early_reads=b_band if stages else ())
+    return PagePlan(preload_early=b_pages, preload_late=a_pages, phases=phases,
+                    early_reads=b_band if b_pages else ())

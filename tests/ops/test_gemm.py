@@ -4,7 +4,8 @@ import pytest
 import megak
 from megak import abi
 from megak.ops import gemm, reduce
-from tests.reference import check_graph
+from tests.random_dags import random_layer_chain
+from tests.reference import check_graph, check_outputs
 
 SHAPES = [(1, 1, 1), (7, 5, 3), (129, 7, 130), (300, 129, 1), (128, 128, 128),
           (257, 300, 129), (1, 300, 7), (64, 1, 200)]
@@ -153,3 +154,136 @@ def test_activations_far_out_reach_their_limits_without_warnings():
     np.testing.assert_array_equal(gelu[:4], 0.0)
     np.testing.assert_allclose(silu[4:], [3.0 / (1.0 + np.exp(-3.0)), 1e13], rtol=1e-6)
     np.testing.assert_allclose(gelu[5], 1e13, rtol=1e-6)
+
+
+# ---- the short fp32 tile (device/ops/gemm_f32_short.cuh): <= 16 rows ------------------------
+
+SHORT_ROWS = abi.OP_SHAPES["MK_GEMM_F32_SHORT_ROWS"]
+
+
+def _gemm_records(prog):
+    ins = prog.plan.instrs
+    return ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (1, 33, 130), (8, 96, 3), (9, 300, 257),
+                                   (16, 1000, 130), (16, 4, 128), (5, 65, 200)])
+def test_short_fp32_tiles(backend, rng, m, k, n):
+    # 1-16 rows: every warp on the region's rows (the 8-row and 16-row k loops), K from one
+    # partial slice to 32 (the ring's stages reused), column tails, the loader's first stages
+    g = megak.Graph()
+    a = g.input("a", (m, k), "float32")
+    g.output(g.gemm(a, g.input("b", (k, n), "float32")), "c")
+    prog = megak.compile(g, backend=backend, **({"n_sm": 3} if backend == "sim" else {}))
+    assert all(gemm.f32_short(r) for r in _gemm_records(prog))
+    out = {"c": np.full((m, n), np.nan, np.float32)}     # poisoned: every element written
+    inputs = {"a": rng.uniform(-1, 1, (m, k)).astype(np.float32),
+              "b": rng.uniform(-1, 1, (k, n)).astype(np.float32)}
+    check_outputs(g, inputs, prog.run(out=out, **inputs), f"short fp32 {m}x{k}x{n}")
+
+
+@pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()) or "plain")
+def test_short_fp32_chain_split_over_k(backend, rng, epi):
+    # a batch-16 layer chain: split-K partials of 16 rows (the loader's B before the wait:
+    # weights are graph inputs), their reduce and its epilogue, the next layer's A produced
+    g = megak.Graph()
+    x = g.input("x", (16, 512), "float32")
+    for i, (k, n) in enumerate([(512, 1024), (1024, 256), (256, 200)]):
+        kw = dict(epi)
+        if kw.pop("bias", False):
+            kw["bias"] = g.input(f"bias{i}", (n,), "float32")
+        if kw.pop("residual", False):
+            kw["residual"] = g.input(f"res{i}", (16, n), "float32")
+        x = g.gemm(x, g.input(f"w{i}", (k, n), "float32"), **kw)
+        g.output(x, f"h{i}")
+    prog = megak.compile(g, backend=backend, **({"n_sm": 40} if backend == "sim" else {}))
+    recs = _gemm_records(prog)
+    assert "reduce" in prog.stats["instructions_per_opcode"]
+    assert (recs["flags"] & abi.FLAG_B_READY).all() and all(gemm.f32_short(r) for r in recs)
+    for run in range(2):
+        check_graph(prog, g, rng, f"short fp32 chain {epi} run {run}")
+
+
+def test_short_fp32_page_plan():
+    # the loader fills B's first stages (before the wait: B_READY) and A's page after it;
+    # the phases are the fp32 tile's with one staging page kept; 17 rows, or an origin off
+    # 16 B, keep the 128 x 128 tile (the loader fills nothing)
+    g = megak.Graph()
+    x = g.input("x", (16, 1000), "float32")
+    y = g.gemm(x, g.input("w", (1000, 300), "float32"))
+    g.output(g.gemm(y, g.input("v", (300, 40), "float32")), "z")
+    recs = _gemm_records(megak.compile(g, backend="sim", n_sm=2))
+    stages = abi.OP_SHAPES["MK_GEMM_F32_SHORT_STAGES"]
+    preload = abi.OP_SHAPES["MK_GEMM_F32_SHORT_PRELOAD_STAGES"]
+    slices = -(-int(recs[0]["klen"]) // abi.OP_SHAPES["MK_GEMM_BK"])
+    assert slices > preload
+    for rec in recs:
+        p = gemm.OP.page_plan(rec, "float32")
+        n = min(preload, -(-int(rec["klen"]) // abi.OP_SHAPES["MK_GEMM_BK"]))
+        assert p.preload_early == tuple(range(n)) and p.preload_late == (stages,)
+        assert p.early_reads == ((abi.ARG_B, int(rec["k0"]), int(rec["k0"]) + int(rec["klen"]),
+                                  int(rec["col0"]), int(rec["col0"]) + int(rec["cols"])),)
+        assert p.phases == (((0, 1, 2, 3), (1, 2, 3)), ((0,), (0,)))
+    rec = recs[0].copy()
+    for field, value in (("rows", SHORT_ROWS + 1), ("k0", 2), ("col0", 6)):
+        odd = rec.copy()
+        odd[field] = value
+        assert not gemm.f32_short(odd)
+        p = gemm.OP.page_plan(odd, "float32")
+        assert p.preload_early == p.preload_late == () and p.early_reads == ()
+    produced = rec.copy()
+    produced["flags"] = int(rec["flags"]) & ~abi.FLAG_B_READY   # B made by the graph
+    p = gemm.OP.page_plan(produced, "float32")
+    assert p.preload_early == () and p.preload_late == tuple(range(preload)) + (stages,)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("what", ["a_offset", "b_offset", "a_ld", "aligned_padded"])
+def test_short_fp32_caller_tensors(rng, what):
+    # a caller's GPU tensors as they come: an origin off 16 B or a row pitch not a multiple
+    # of 4 floats take the 128 x 128 tile; padded, aligned rows take the short one
+    torch = pytest.importorskip("torch")
+    from megak.runtime.driver import gpu_usable
+    if not gpu_usable():
+        pytest.skip("needs a GPU")
+    m, k, n = 16, 300, 130
+    g = megak.Graph()
+    g.output(g.gemm(g.input("a", (m, k), "float32"), g.input("b", (k, n), "float32")), "c")
+    prog = megak.compile(g, backend="cuda")
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+
+    def placed(x, shift, pad):
+        big = torch.full((x.shape[0], x.shape[1] + shift + pad), float("nan"),
+                         dtype=torch.float32, device="cuda")
+        view = big[:, shift:shift + x.shape[1]]
+        view.copy_(torch.from_numpy(x))
+        return view
+    ta = placed(a, 1 if what == "a_offset" else 0, 1 if what == "a_ld" else
+                4 if what == "aligned_padded" else 0)
+    tb = placed(b, 3 if what == "b_offset" else 0, 2 if what == "aligned_padded" else 0)
+    aligned = ta.data_ptr() % 16 == 0 and tb.data_ptr() % 16 == 0 and \
+        ta.stride(0) % 4 == 0 and tb.stride(0) % 4 == 0
+    assert aligned == (what == "aligned_padded")
+    out = torch.full((m, n), float("nan"), dtype=torch.float32, device="cuda")
+    for _ in range(3):
+        prog.run(a=ta, b=tb, out={"c": out})
+        check_outputs(g, {"a": a, "b": b}, {"c": out.cpu().numpy()}, f"caller tensors {what}")
+        out.fill_(float("nan"))
+
+
+@pytest.mark.gpu
+def test_short_fp32_stress_random_chains():
+    # random fp32 layer chains of 1-16 rows (split or not, epilogues, odd widths) run again
+    # and again: the loader's stages and the op's ring from instruction to instruction
+    from megak.runtime.driver import gpu_usable
+    if not gpu_usable():
+        pytest.skip("needs a GPU")
+    rng = np.random.default_rng(31)
+    for case in range(10):
+        g, m, widths = random_layer_chain(rng, "float32", [1, 2, 7, 8, 9, 15, 16],
+                                          [3, 64, 100, 257, 1000, 1024, 2048])
+        prog = megak.compile(g, backend="cuda")
+        assert all(gemm.f32_short(r) for r in _gemm_records(prog))
+        for run in range(5):
+            check_graph(prog, g, rng, f"chain {case} {widths} batch {m} run {run}")

@@ -9,6 +9,7 @@ import megak
 from megak import abi, scheduler
 from megak.dtypes import numpy_dtype
 from megak.ops import gemm
+from tests.random_dags import random_layer_chain
 from tests.reference import assert_close, evaluate, random_inputs
 
 N_SM = 132   # an H200's SM count: the parts depend on it
@@ -563,17 +564,8 @@ def test_stream_stress_random_chains():
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(12)
     for case in range(12):
-        m = int(rng.choice([1, 3, 16, 17, 40, 64]))
-        widths = [int(rng.choice([64, 100, 256, 1000, 1024, 2048]))
-                  for _ in range(int(rng.integers(2, 5)))]
-        g = megak.Graph()
-        x = g.input("x", (m, widths[0]), "bfloat16")
-        for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
-            x = g.gemm(x, g.input(f"w{i}", (k, n), "bfloat16"),
-                       bias=g.input(f"b{i}", (n,), "float32") if rng.random() < 0.5 else None,
-                       activation=str(rng.choice(["relu", "silu"])) if rng.random() < 0.5
-                       else None)
-            g.output(x, f"h{i}")
+        g, m, widths = random_layer_chain(rng, "bfloat16", [1, 3, 16, 17, 40, 64],
+                                          [64, 100, 256, 1000, 1024, 2048])
         prog = megak.compile(g, backend="cuda")
         assert (gemm_instrs(prog.plan)["flags"] & abi.FLAG_STREAM).all()
         for run in range(8):

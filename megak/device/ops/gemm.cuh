@@ -5,7 +5,8 @@
  *   partials, which land in their split's rows of a scratch tensor), rounded to out's dtype.
  *   Operands: A (M x K), B (K x N), OUT (M x N), BIAS (1 x N, with MK_FLAG_BIAS),
  *   RESIDUAL (M x N, with MK_FLAG_RESIDUAL); activation in the flags (gemm_epilogue.cuh).
- *   A and B are both fp32 (this file, FMA pipes) or both bf16 (gemm_bf16.cuh, tensor cores);
+ *   A and B are both fp32 (this file, FMA pipes; a tile of <= 16 rows: gemm_f32_short.cuh) or
+ *   both bf16 (gemm_bf16.cuh, tensor cores);
  *   bias, residual and out are each fp32 or bf16. Four pages either way
  *   (MK_GEMM_PAGES = MK_GEMM_BF16_PAGES). With MK_FLAG_STREAM: a bf16 GEMM of <= 64 rows whose
  *   B is streamed by the weight ring (gemm_stream.cuh, MK_STREAM_PAGES pages).
@@ -52,6 +53,7 @@
 #include "../epilogue.cuh"
 #include "gemm_epilogue.cuh"
 #include "gemm_bf16.cuh"
+#include "gemm_f32_short.cuh"
 #include "gemm_stream.cuh"
 #include "gemm_wgmma.cuh"
 
@@ -255,6 +257,14 @@ __device__ __noinline__ void mk_gemm_f32(const mk_instr& in, const mk_tensor* op
     mk_gemm_f32_run(in, op, pages);
 }
 
+__device__ __noinline__ void mk_gemm_f32_short(const mk_instr& in, const mk_tensor* op,
+                                               unsigned char* page_base, const mk_u8* page_idx,
+                                               mk_u32 preloaded, mk_u32* released)
+{
+    const mk_pages pages = {page_base, page_idx, preloaded, released, &mk_ctl().free_pages};
+    mk_gemm_f32_short_run(in, op, pages);
+}
+
 __device__ __noinline__ void mk_gemm_bf16(const mk_instr& in, const mk_tensor* op,
                                           unsigned char* page_base, const mk_u8* page_idx,
                                           mk_u32 preloaded, mk_u32* released)
@@ -324,19 +334,24 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
         return;
     else if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
         mk_gemm_bf16(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
+    else if (mk_gemm_f32_short_ok(in, op))
+        mk_gemm_f32_short(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
     else
         mk_gemm_f32(in, op, pages.base, pages.idx, pages.preloaded, pages.released);
 }
 
-/* The loader's share of a GEMM (megakernel.cu, MK_FOR_EACH_PRELOADING_OP): bf16 tiles only;
- * the fp32 path transposes A on its way into shared memory, through registers. */
+/* The loader's share of a GEMM (megakernel.cu, MK_FOR_EACH_PRELOADING_OP): bf16 tiles and
+ * short fp32 tiles; the 128 x 128 fp32 tile transposes A on its way into shared memory,
+ * through registers. */
 __device__ __forceinline__ mk_u32 mk_gemm_preload_stages(const mk_instr& in, const mk_tensor* op)
 {
     if (in.flags & MK_FLAG_WGMMA)
         return MK_BUILT(MK_BODY_GEMM_WGMMA) ? mk_gemm_wgmma_preload_stages(in, op) : 0u;
     if (!MK_BUILT(MK_BODY_GEMM_TILED) || in.rows <= 0 || in.cols <= 0 ||
-        op[MK_ARG_A].dtype != MK_DTYPE_BF16 || (in.flags & MK_FLAG_STREAM))
+        (in.flags & MK_FLAG_STREAM))
         return 0;   /* a streamed GEMM's B comes through the ring; the op stages A itself */
+    if (op[MK_ARG_A].dtype != MK_DTYPE_BF16)
+        return mk_gemm_f32_short_preload_stages(in, op);
     return mk_gemm_bf16_preload_stages(in, op);
 }
 
@@ -349,7 +364,10 @@ __device__ __forceinline__ mk_u32 mk_gemm_preload(const mk_instr& in, const mk_t
     (void)q;
     if (!(in.flags & MK_FLAG_WGMMA)) {
         if (MK_BUILT(MK_BODY_GEMM_TILED)) {
-            mk_gemm_bf16_preload(in, op, pages, lane, parts);
+            if (op[MK_ARG_A].dtype == MK_DTYPE_BF16)
+                mk_gemm_bf16_preload(in, op, pages, lane, parts);
+            else
+                mk_gemm_f32_short_preload(in, op, pages, lane, parts);
             return 1u;   /* cp.async copies: the loader waits for them at L7 */
         }
     }
