@@ -12,7 +12,8 @@ layers of parts), the same medians over the reduce instructions. It imports mega
 checkout), so it times any tree that tools/ab_trees.py prepared:
 
     PYTHONPATH=ab/main python tools/probe_stream_phases.py --batch 64
-    python tools/probe_stream_phases.py --dtype float32 --hidden 1024 --layers 16 --batch 16
+    python tools/probe_stream_phases.py --dtype float32 --hidden 1024 --layers 16 --batch 16 \
+        --save $OUT/f32-1024x16
 """
 import argparse
 
@@ -26,6 +27,9 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--label", default="")
+    ap.add_argument("--save", metavar="PREFIX",
+                    help="also write the traced run's events and the plan's instructions "
+                         "(PREFIX-events.npy, PREFIX-instrs.npy) for a look per SM offline")
     args = ap.parse_args()
     import megak
     from benchmarks.workloads import w2
@@ -58,6 +62,9 @@ def main():
           f"pages {int(prog.plan.instrs['pages'].max())}, ring {prog.plan.stream_pages}; "
           + ", ".join(f"{k} {v:.2f}" for k, v in seg.items())
           + f"; layer {np.median(layers):.2f}, span {span:.1f} us", flush=True)
+    if args.save:
+        np.save(f"{args.save}-events.npy", ev)
+        np.save(f"{args.save}-instrs.npy", prog.plan.instrs)
     prog.close()
 
 
