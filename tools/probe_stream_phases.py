@@ -14,10 +14,50 @@ checkout), so it times any tree that tools/ab_trees.py prepared:
     PYTHONPATH=ab/main python tools/probe_stream_phases.py --batch 64
     python tools/probe_stream_phases.py --dtype float32 --hidden 1024 --layers 16 --batch 16 \
         --save $OUT/f32-1024x16
+    python tools/probe_stream_phases.py --per-op benchmarks/results/f32-phases/float32-1024x16
+
+--per-op PREFIX reads a saved run (no GPU) and prints, per graph op, its instructions' first and
+last phase times and segment medians, then the layer period (the step between the GEMM ops'
+last stores) and each kind's segments past the first two ops.
 """
 import argparse
 
 import numpy as np
+
+
+def per_op(prefix: str) -> None:
+    """The saved run at `prefix` (--save), op by op; times in us from its first fetch."""
+    from megak import abi
+    ev = np.load(f"{prefix}-events.npy")
+    t = ev["t"].astype(np.int64)
+    t -= t[:, 0].min()
+    ph = abi.TRACE_PHASES
+    fetch, waited, acquired = ph["MK_T_FETCH"], ph["MK_T_WAITED"], ph["MK_T_ACQUIRED"]
+    loaded, computed, stored = ph["MK_T_LOADED"], ph["MK_T_COMPUTED"], ph["MK_T_STORED"]
+    name = {v: k for k, v in abi.OPCODE_OF.items()}
+    segs = (("acquire", fetch, acquired), ("wait", acquired, waited), ("load", waited, loaded),
+            ("compute", loaded, computed), ("store", computed, stored))
+    print(f"{prefix}: {len(ev)} instructions on {len(np.unique(ev['sm']))} SMs, "
+          f"span {t[:, stored].max() / 1e3:.1f} us")
+    print("op kind     n  first wait end  first loaded  last stored | medians: "
+          + " ".join(n for n, _, _ in segs))
+    ops = np.unique(ev["op_index"])
+    for o in ops:
+        m = ev["op_index"] == o
+        tt = t[m] / 1e3
+        print(f"{o:3d} {name[int(ev['opcode'][m][0])]:7s} {m.sum():4d} {tt[:, waited].min():14.1f} "
+              f"{tt[:, loaded].min():13.1f} {tt[:, stored].max():12.1f} | "
+              + " ".join(f"{np.median(tt[:, b] - tt[:, a]):.2f}" for _, a, b in segs))
+    gemm = [o for o in ops if ev["opcode"][ev["op_index"] == o][0] == abi.OPCODE_OF["gemm"]]
+    last = [t[ev["op_index"] == o, stored].max() / 1e3 for o in gemm]
+    print(f"layer period: {np.median(np.diff(last)):.2f} us (median step of the GEMM ops' "
+          "last stores)")
+    late = ev["op_index"] >= ops[min(2, len(ops) - 1)]
+    for code in np.unique(ev["opcode"]):
+        m = late & (ev["opcode"] == code)
+        print(f"  {name[int(code)]} past the first two ops: " + ", ".join(
+            f"{n} {np.median(t[m, b] - t[m, a]) / 1e3:.2f} (p90 "
+            f"{np.percentile(t[m, b] - t[m, a], 90) / 1e3:.2f})" for n, a, b in segs[2:]))
 
 
 def main():
@@ -30,7 +70,11 @@ def main():
     ap.add_argument("--save", metavar="PREFIX",
                     help="also write the traced run's events and the plan's instructions "
                          "(PREFIX-events.npy, PREFIX-instrs.npy) for a look per SM offline")
+    ap.add_argument("--per-op", metavar="PREFIX", help="print a saved run op by op (no GPU)")
     args = ap.parse_args()
+    if args.per_op:
+        per_op(args.per_op)
+        return
     import megak
     from benchmarks.workloads import w2
     from megak import abi

@@ -1,0 +1,29 @@
+"""tools/probe_stream_phases.py --per-op reads a run saved by --save without a GPU: here a
+simulated fp32 chain's trace, saved as the probe saves the GPU's."""
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import megak
+from benchmarks.workloads import w2
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import probe_stream_phases  # noqa: E402
+
+
+def test_per_op_reads_a_saved_run(tmp_path, capsys):
+    work = w2(1024, 3, 16, "float32")
+    prog = megak.compile(work.build(), backend="sim")
+    prog.run(**work.make_inputs(np.random.default_rng(0)), trace=True)
+    prefix = str(tmp_path / "chain")
+    np.save(f"{prefix}-events.npy", prog.last_trace.events)
+    np.save(f"{prefix}-instrs.npy", prog.plan.instrs)
+    probe_stream_phases.per_op(prefix)
+    out = capsys.readouterr().out.splitlines()
+    ops = np.unique(prog.last_trace.events["op_index"])
+    rows = [line for line in out if line.split()[:1] and line.split()[0].isdigit()]
+    assert [int(r.split()[0]) for r in rows] == list(ops)   # one row per op, in order
+    assert {r.split()[1] for r in rows} == {"gemm", "reduce"}   # split-K layers
+    assert any(line.startswith("layer period: ") for line in out)
+    assert sum("past the first two ops" in line for line in out) == 2
