@@ -60,7 +60,11 @@ def test_split_plan_structure():
 @pytest.mark.parametrize("epi", [{}, {"bias": True, "activation": "gelu"},
                                  {"residual": True, "activation": "silu", "bias": True}],
                          ids=["plain", "bias-gelu", "bias-silu-residual"])
-@pytest.mark.parametrize("m,k,n", [(1, 300, 7), (16, 1024, 300), (130, 512, 129)])
+# splits (split_k_factor, 132 SMs): 2, 8, 4, then 10, 11 and 16 on regions of <= 16 rows,
+# which the device reduces 8 partials at a time (reduce.cuh): a round and a short one, a
+# round and 3 of 5 rows, two full rounds
+@pytest.mark.parametrize("m,k,n", [(1, 300, 7), (16, 1024, 300), (130, 512, 129),
+                                   (16, 1280, 130), (5, 2000, 40), (16, 4096, 256)])
 def test_split_k_matches_float64(backend, rng, m, k, n, epi):
     g = skinny(m, k, n, **epi)
     prog = megak.compile(g, backend=backend, **({"n_sm": 132} if backend == "sim" else {}))

@@ -15,10 +15,14 @@
  * it bit for bit); the epilogue's precision notes are gemm_epilogue.cuh's.
  *
  * Layout: warp w handles rows w, w + 8, w + 16, ...; lane l handles columns 4l .. 4l+3 (one
- * 128-column row per warp: coalesced, bias loaded once per thread). Each pass takes 4 rows
- * per warp (r0 + 8u, u = 0..3) and walks the partials 4 at a time: 16 independent loads
+ * 128-column row per warp: coalesced, bias loaded once per thread). Each pass takes R rows
+ * per warp (r0 + 8u, u < R) and walks the partials U at a time: R x U = 16 independent loads
  * (float4 where mk_vec4_ok allows) in flight per thread, i.e. 64 KiB per SM for fp32, then
- * the adds in order. Each element is read and written by the same thread, after all its
+ * the adds in order. R = 4, U = 4, except for a region of at most 16 rows (two a warp: a
+ * split-K layer of batch 16), where R = 2, U = 8: its 8 partials (a 1024 x 1024 layer's) come
+ * in one round trip instead of two, with no loads spent on rows past the region. Each round
+ * trip to L2 is ~1.5 us while the SM's loader streams weights for its next instructions
+ * (traced, benchmarks/ANALYSIS.md). Each element is read and written by the same thread, after all its
  * reads: an in-place output (out == residual, or out == partial 0 with out_row0 = row0) is
  * safe. No shared memory, no barrier (threads leave early). The body is __noinline__ like
  * the GEMM bodies: its own register allocation, nothing added to the interpreter's.
@@ -35,8 +39,8 @@
 /* MK_REDUCE_MAX_ROWS, MK_REDUCE_MAX_COLS, MK_REDUCE_PAGES, MK_REDUCE_OPERANDS: instr.h */
 enum {
     MK_REDUCE_WARPS = MK_THREADS / 32,
-    MK_REDUCE_ROWS_PER_PASS = 4,   /* rows per warp per pass */
-    MK_REDUCE_UNROLL = 4           /* partials loaded together */
+    MK_REDUCE_LOADS = 16,          /* loads in flight per thread: rows per pass x partials */
+    MK_REDUCE_SHORT_ROWS = 2 * MK_REDUCE_WARPS   /* a region this short: 2 rows a warp */
 };
 
 static_assert(MK_REDUCE_MAX_COLS == 4 * 32, "one lane per 4 columns of a 128-column row");
@@ -59,9 +63,12 @@ __device__ __forceinline__ bool mk_reduce_check_operands(const mk_instr& in, con
            mk_tensor_region_ok(op[MK_ARG_A], p_row0, in.rows, in.col0, in.cols);
 }
 
-/* All 256 threads; in.rows, in.cols >= 1, in.klen >= 1. */
+/* All 256 threads; in.rows, in.cols >= 1, in.klen >= 1; ROWS rows per warp a pass, the
+ * partials UNROLL at a time. */
+template <int ROWS, int UNROLL>
 __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor* op)
 {
+    static_assert(ROWS * UNROLL == MK_REDUCE_LOADS, "the loads in flight per thread");
     const mk_tensor& TP = op[MK_ARG_A];
     const mk_tensor& TO = op[MK_ARG_OUT];
     const mk_tensor& TB = op[MK_ARG_BIAS];
@@ -96,11 +103,11 @@ __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor*
     if (has_bias)
         bias = mk_ld4_any(TB, (mk_u64)in.col0 + 4 * lane, nv, mk_vec4_ok(TB, in.col0));
 
-    for (int r0 = warp; r0 < rows; r0 += MK_REDUCE_ROWS_PER_PASS * MK_REDUCE_WARPS) {
-        float4 acc[MK_REDUCE_ROWS_PER_PASS], res[MK_REDUCE_ROWS_PER_PASS];
-        int n_row[MK_REDUCE_ROWS_PER_PASS];   /* columns to load for row u (0: past the region) */
+    for (int r0 = warp; r0 < rows; r0 += ROWS * MK_REDUCE_WARPS) {
+        float4 acc[ROWS], res[ROWS];
+        int n_row[ROWS];   /* columns to load for row u (0: past the region) */
 #pragma unroll
-        for (int u = 0; u < MK_REDUCE_ROWS_PER_PASS; ++u) {
+        for (int u = 0; u < ROWS; ++u) {
             const int r = r0 + u * MK_REDUCE_WARPS;
             n_row[u] = r < rows ? nv : 0;
             acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -108,13 +115,13 @@ __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor*
             if (has_res)   /* in flight with the first partials */
                 res[u] = mk_ld4_any(TR, r_base + (mk_u64)r * TR.ld, n_row[u], r_vec);
         }
-        for (int s = 0; s < klen; s += MK_REDUCE_UNROLL) {
-            float4 x[MK_REDUCE_UNROLL][MK_REDUCE_ROWS_PER_PASS];
+        for (int s = 0; s < klen; s += UNROLL) {
+            float4 x[UNROLL][ROWS];
 #pragma unroll
-            for (int k = 0; k < MK_REDUCE_UNROLL; ++k) {
+            for (int k = 0; k < UNROLL; ++k) {
                 const mk_u64 off = p_base + (mk_u64)(s + k) * p_step;
 #pragma unroll
-                for (int u = 0; u < MK_REDUCE_ROWS_PER_PASS; ++u) {
+                for (int u = 0; u < ROWS; ++u) {
                     const int r = r0 + u * MK_REDUCE_WARPS;
                     x[k][u] = mk_ld4_any(TP, off + (mk_u64)r * TP.ld,
                                          s + k < klen ? n_row[u] : 0, p_vec);
@@ -122,16 +129,16 @@ __device__ __noinline__ void mk_reduce_body(const mk_instr& in, const mk_tensor*
             }
             /* in split order; partial 0 is taken as is (no add: bit-exact, NaNs included) */
 #pragma unroll
-            for (int k = 0; k < MK_REDUCE_UNROLL; ++k) {
+            for (int k = 0; k < UNROLL; ++k) {
                 if (s + k < klen) {
 #pragma unroll
-                    for (int u = 0; u < MK_REDUCE_ROWS_PER_PASS; ++u)
+                    for (int u = 0; u < ROWS; ++u)
                         acc[u] = s + k == 0 ? x[k][u] : mk_add4(acc[u], x[k][u]);
                 }
             }
         }
 #pragma unroll
-        for (int u = 0; u < MK_REDUCE_ROWS_PER_PASS; ++u) {
+        for (int u = 0; u < ROWS; ++u) {
             const int r = r0 + u * MK_REDUCE_WARPS;
             if (r < rows) {
                 const float4 v = mk_epilogue4(acc[u], bias, res[u], has_bias, act, has_res);
@@ -147,7 +154,10 @@ __device__ __forceinline__ void mk_reduce_run(const mk_instr& in, const mk_tenso
     (void)pages;
     if (in.rows <= 0 || in.cols <= 0 || in.klen <= 0)
         return;
-    mk_reduce_body(in, op);
+    if (in.rows <= MK_REDUCE_SHORT_ROWS)
+        mk_reduce_body<2, MK_REDUCE_LOADS / 2>(in, op);
+    else
+        mk_reduce_body<4, MK_REDUCE_LOADS / 4>(in, op);
 }
 
 #endif /* MEGAK_OP_REDUCE_CUH */
