@@ -2,6 +2,7 @@
 # The checks a change to device, runtime or op code needs on a GPU machine, as one command:
 #
 #   tools/gpu_checks.sh [tier] [sanitize] [report BASELINE.json] [probes] [callpath] [fence]
+#                       [fencecp]
 #                       [pageleak] [l2stream] [issuers] [epilogue] [tailcode] [achunks]
 #                       [aregs] [modload] [tests] [ab]
 #
@@ -24,6 +25,8 @@
 #             (the W7 workloads)                                               -> callpath.log
 #   fence     tools/probe_fence_load.py: a gpu-scope publish (fences, a counter hop, stamped
 #             words, A chunks) with 0-10 bulk copies in flight per SM  -> fence.log, fence.json
+#   fencecp   the same probe's round trips and fences beside 16-B cp.async copies (the short fp32
+#             tile's), 0-10 slots of 16 KiB in flight             -> fencecp.log, fencecp.json
 #   pageleak  tools/probe_page_leak.py --rounds 3: the W7 workloads, with what each SM holds
 #             when its loader reports MK_ERR_PAGE_LEAK, and the takes whose pages came after
 #             their phase                                                 -> pageleak.log
@@ -74,6 +77,7 @@ pack_out() {
         keep=()
         for f in bench/results/*.json bench/results/*.png bench/RESULTS.md tier.log \
                  sanitize.log report.log probes.log callpath.log fence.log fence.json \
+                 fencecp.log fencecp.json \
                  pageleak.log l2stream.log issuers.log epilogue.log tailcode.log \
                  achunks.log aregs.log modload.log tests.log ab.log ab.json; do
             [ -f "$f" ] && [ ${#keep[@]} -lt 7 ] && keep+=("$f")
@@ -197,6 +201,11 @@ while [ $i -lt ${#steps[@]} ]; do
             logged fence.log 200 python3 tools/probe_fence_load.py --out "$OUT/fence.json"
             rc=$?
             ;;
+        fencecp)
+            logged fencecp.log 200 python3 tools/probe_fence_load.py --copies cpasync \
+                --mech acquire,fence,red_release,chunk16 --out "$OUT/fencecp.json"
+            rc=$?
+            ;;
         pageleak)
             logged pageleak.log 300 python3 tools/probe_page_leak.py --rounds 3
             rc=$?
@@ -262,7 +271,7 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, pageleak, l2stream, issuers, epilogue, tailcode, achunks, aregs," \
+                 "callpath, fence, fencecp, pageleak, l2stream, issuers, epilogue, tailcode, achunks, aregs," \
                  "modload, ab)"
             rc=2
             ;;

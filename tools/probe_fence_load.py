@@ -62,6 +62,13 @@ table gives the same from %globaltimer alone (32 ns steps on H100/H200). Entries
 (p90) over all measured blocks x iterations x --reps launches. Streaming rate per launch:
 bytes landed by all streamers / (last landing - first issue, over all blocks), in TB/s.
 
+--copies cpasync streams the same R slots with warp 0's 32 lanes issuing 16-B cp.async.cg copies
+(LDGSTS, 32 a lane a slot, one commit group a slot), the copies megak's short fp32 tile and its
+loader make for B, where the bulk form's copies do not occupy the SM's load path. The question
+it answers: does a compute warp's round trip to L2 (acquire, chunk16's loads) or its release
+fence wait behind an SM's cp.async copies the way the fence waits behind its bulk copies?
+(the short fp32 tile's traced round trips, benchmarks/ANALYSIS.md: 1.5-3 us each).
+
 Every spin (streamer try_wait, the wait for the load, the counter and stamp polls) has a
 %globaltimer deadline (--timeout-ms, 200 ms); on timeout the lane writes an error record into
 its block's error word and the warp stops (the measured warp always sets `stop` on its way
@@ -295,6 +302,82 @@ __device__ void streamer(const unsigned char* src, u64 share, u32 R, block_ctl& 
     st[0] = (u64)landed * PAGE;
     st[1] = t_first;
     st[2] = t_last;
+}
+
+/* ---- the streamer as cp.async: the same R slots of 16 KiB, copied by warp 0's 32 lanes in
+ * 16-B cp.async.cg (LDGSTS) copies, 32 a lane, one commit group per slot (the copies megak's
+ * short fp32 tile and its loader issue). The oldest group is retired with wait_group R - 1
+ * (each lane's own copies; the __syncwarp after it makes the slot's copies all landed), then
+ * the slot is reissued. On `stop` (lane 0 reads it, the warp follows) the lanes wait for every
+ * group and leave. wait_group cannot be given a deadline: a copy that never lands hangs the
+ * block, as it would hang megak's op. */
+template <u32 R>
+__device__ void streamer_cpasync_r(const unsigned char* base, u32 npages, u32 ring, u64 pol,
+                                   u32 lane, block_ctl& ctl, u64* st)
+{
+    volatile u32* vlanded = &ctl.landed;
+    volatile u32* vstop = &ctl.stop;
+    u32 next = 0;
+    auto issue = [&](u32 slot) {
+        const unsigned char* from = base + (u64)next * PAGE;
+        for (u32 j = 0; j < PAGE / (16u * 32u); ++j) {
+            const u32 off = 16u * (lane + 32u * j);
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                         :: "r"(ring + slot * PAGE + off), "l"(from + off), "l"(pol) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        next = next + 1u == npages ? 0u : next + 1u;
+    };
+    const u64 t_first = gtimer();
+    for (u32 slot = 0; slot < R; ++slot)
+        issue(slot);
+    u32 slot = 0, landed = 0;
+    for (;;) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(R - 1) : "memory");
+        __syncwarp();
+        ++landed;
+        u32 stop = 0;
+        if (lane == 0u) {
+            *vlanded = landed;
+            stop = *vstop;
+        }
+        if (__shfl_sync(0xffffffffu, stop, 0) != 0u)
+            break;
+        issue(slot);
+        slot = slot + 1u == R ? 0u : slot + 1u;
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncwarp();
+    if (lane == 0u) {
+        st[0] = (u64)(landed + R - 1u) * PAGE;
+        st[1] = t_first;
+        st[2] = gtimer();
+    }
+}
+
+__device__ void streamer_cpasync(const unsigned char* src, u64 share, u32 R, block_ctl& ctl,
+                                 unsigned char* smem, u32 lane, u32* e, u64* st)
+{
+    const u32 ring = (sa(smem) + 1023u) & ~1023u;
+    if (ring - sa(smem) + R * PAGE > dyn_smem()) {
+        if (lane == 0u)
+            fail(e, E_SMEM, ring - sa(smem) + R * PAGE, dyn_smem());
+        return;
+    }
+    u64 pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    const unsigned char* base = src + (u64)blockIdx.x * share;
+    const u32 npages = (u32)(share / PAGE);
+    switch (R) {   /* wait_group takes an immediate */
+    case 1: streamer_cpasync_r<1>(base, npages, ring, pol, lane, ctl, st); break;
+    case 2: streamer_cpasync_r<2>(base, npages, ring, pol, lane, ctl, st); break;
+    case 3: streamer_cpasync_r<3>(base, npages, ring, pol, lane, ctl, st); break;
+    case 4: streamer_cpasync_r<4>(base, npages, ring, pol, lane, ctl, st); break;
+    case 6: streamer_cpasync_r<6>(base, npages, ring, pol, lane, ctl, st); break;
+    case 8: streamer_cpasync_r<8>(base, npages, ring, pol, lane, ctl, st); break;
+    case 10: streamer_cpasync_r<10>(base, npages, ring, pol, lane, ctl, st); break;
+    default: if (lane == 0u) fail(e, E_ARGS, R, 0u); break;
+    }
 }
 
 /* ---- the measured warp ---------------------------------------------------------------------- */
@@ -646,7 +729,7 @@ __device__ void run_pingpong(const meas& m, unsigned char* inbox, u32* ctr, u32 
 extern "C" __global__ void __launch_bounds__(64, 1)
 fence_load(const unsigned char* src, u64 share, u32 ring, u32 mech, u32 warm, u32 iters,
            u32 pair_mode, u64 gap_ns, u64 timeout_ns, unsigned char* inbox, u32* ctr, u64* dur,
-           u64* stat, u32* err, const u64* chunks)
+           u64* stat, u32* err, const u64* chunks, u32 cpasync)
 {
     extern __shared__ __align__(1024) unsigned char smem[];
     __shared__ block_ctl ctl;
@@ -665,7 +748,9 @@ fence_load(const unsigned char* src, u64 share, u32 ring, u32 mech, u32 warm, u3
         return;
     }
     if (warp == 0u) {
-        if (lane == 0u && ring > 0u)
+        if (cpasync != 0u && ring > 0u)
+            streamer_cpasync(src, share, ring, ctl, smem, lane, e, st);
+        else if (lane == 0u && ring > 0u)
             streamer(src, share, ring, ctl, smem, timeout_ns, e, st);
         return;
     }
@@ -773,6 +858,8 @@ def run(args):
         raise SystemExit("--ring: a comma list of integers") from None
     if any(r < 0 or r > MAX_RING for r in rings):
         raise SystemExit(f"--ring: every R in 0..{MAX_RING}")
+    if args.copies == "cpasync" and not set(rings) <= {0, 1, 2, 3, 4, 6, 8, 10}:
+        raise SystemExit("--copies cpasync: every R in 0-4, 6, 8, 10")
 
     drv = _bindings()
     dev = Device(0)
@@ -861,7 +948,8 @@ def run(args):
                     ctypes.c_uint64(args.gap_ns), ctypes.c_uint64(int(args.timeout_ms * 1e6)),
                     ctypes.c_uint64(inbox.ptr), ctypes.c_uint64(ctr.ptr),
                     ctypes.c_uint64(dur.ptr), ctypes.c_uint64(stat.ptr), ctypes.c_uint64(err.ptr),
-                    ctypes.c_uint64(chunks.ptr)]
+                    ctypes.c_uint64(chunks.ptr),
+                    ctypes.c_uint32(1 if args.copies == "cpasync" else 0)]
             argv = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(v) for v in vals])
             check(drv.cuLaunchCooperativeKernel(fn, grid, 1, 1, THREADS, 1, 1, SMEM, h,
                                                 ctypes.addressof(argv)),
@@ -894,7 +982,9 @@ def run(args):
               f"dynamic smem {SMEM} B; {ENTRY}: {regs['registers']} registers, "
               f"{regs['spill_stores'] + regs['spill_loads']} B spills", flush=True)
         print(f"streamed source {share * grid / (1 << 30):.2f} GiB ({share >> 20} MiB per "
-              f"block), 16 KiB bulk copies, evict_first; {warm} warm-up + {iters} timed "
+              f"block), 16 KiB "
+              f"{'slots of 16-B cp.async copies (warp 0)' if args.copies == 'cpasync' else 'bulk copies'}"
+              f", evict_first; {warm} warm-up + {iters} timed "
               f"iterations x {args.reps} launches per cell; gap {args.gap_ns} ns; pairs "
               f"{'b <-> b + grid/2' if args.pair == 'half' else 'b <-> b ^ 1'} "
               f"({len(starters)} pairs)", flush=True)
@@ -1003,6 +1093,7 @@ def run(args):
             out = {"device": info["name"], "sm_count": n_sm, "grid": grid, "threads": THREADS,
                    "smem": SMEM, "ptxas": regs, "iters": iters, "warmup": warm,
                    "reps": args.reps, "gap_ns": args.gap_ns, "pair": args.pair,
+                   "copies": args.copies,
                    "share_bytes": share, "rings": rings, "mechs": mechs,
                    "units": "ns; hop rows = round trip / 2",
                    "cells": {f"{name} R={R}": {
@@ -1051,6 +1142,10 @@ def main(argv=None):
                    help="deadline of every device spin (default 200 ms)")
     p.add_argument("--time-limit", type=float, default=150.0,
                    help="skip the remaining cells after this many seconds (default 150)")
+    p.add_argument("--copies", choices=("bulk", "cpasync"), default="bulk",
+                   help="the streamer's copies: one lane's 16 KiB bulk copies (default), or "
+                        "warp 0's 16-B cp.async copies, one commit group a slot (R in 1-4, 6, "
+                        "8, 10)")
     p.add_argument("--out", default="", help="JSON of every median / p90 (default: none)")
     args = p.parse_args(argv)
     if args.iters < 1 or args.warmup < 0 or args.reps < 1:
