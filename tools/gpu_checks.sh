@@ -271,8 +271,8 @@ while [ $i -lt ${#steps[@]} ]; do
             ;;
         *)
             echo "gpu_checks: unknown step '$step' (tier, sanitize, report BASELINE, probes," \
-                 "callpath, fence, fencecp, pageleak, l2stream, issuers, epilogue, tailcode, achunks, aregs," \
-                 "modload, ab)"
+                 "callpath, fence, fencecp, pageleak, l2stream, issuers, epilogue, tailcode," \
+                 "achunks, aregs, modload, tests, ab)"
             rc=2
             ;;
     esac
