@@ -1,15 +1,12 @@
 """tools/probe_stream_phases.py --per-op reads a run saved by --save without a GPU: here a
 simulated fp32 chain's trace, saved as the probe saves the GPU's."""
-import sys
-from pathlib import Path
-
 import numpy as np
 
 import megak
 from benchmarks.workloads import w2
+from tests.tools import load_tool
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import probe_stream_phases  # noqa: E402
+probe_stream_phases = load_tool("probe_stream_phases")
 
 
 def test_per_op_reads_a_saved_run(tmp_path, capsys):
@@ -17,8 +14,7 @@ def test_per_op_reads_a_saved_run(tmp_path, capsys):
     prog = megak.compile(work.build(), backend="sim")
     prog.run(**work.make_inputs(np.random.default_rng(0)), trace=True)
     prefix = str(tmp_path / "chain")
-    np.save(f"{prefix}-events.npy", prog.last_trace.events)
-    np.save(f"{prefix}-instrs.npy", prog.plan.instrs)
+    probe_stream_phases.save(prefix, prog)
     probe_stream_phases.per_op(prefix)
     out = capsys.readouterr().out.splitlines()
     ops = np.unique(prog.last_trace.events["op_index"])

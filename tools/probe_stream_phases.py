@@ -25,18 +25,22 @@ import argparse
 import numpy as np
 
 
+def save(prefix: str, prog) -> None:
+    """The last traced run's events and the plan's instructions of `prog` (--save)."""
+    np.save(f"{prefix}-events.npy", prog.last_trace.events)
+    np.save(f"{prefix}-instrs.npy", prog.plan.instrs)
+
+
 def per_op(prefix: str) -> None:
     """The saved run at `prefix` (--save), op by op; times in us from its first fetch."""
     from megak import abi
+    from megak.trace import SEGMENTS as segs
     ev = np.load(f"{prefix}-events.npy")
     t = ev["t"].astype(np.int64)
     t -= t[:, 0].min()
     ph = abi.TRACE_PHASES
-    fetch, waited, acquired = ph["MK_T_FETCH"], ph["MK_T_WAITED"], ph["MK_T_ACQUIRED"]
-    loaded, computed, stored = ph["MK_T_LOADED"], ph["MK_T_COMPUTED"], ph["MK_T_STORED"]
+    waited, loaded, stored = ph["MK_T_WAITED"], ph["MK_T_LOADED"], ph["MK_T_STORED"]
     name = {v: k for k, v in abi.OPCODE_OF.items()}
-    segs = (("acquire", fetch, acquired), ("wait", acquired, waited), ("load", waited, loaded),
-            ("compute", loaded, computed), ("store", computed, stored))
     print(f"{prefix}: {len(ev)} instructions on {len(np.unique(ev['sm']))} SMs, "
           f"span {t[:, stored].max() / 1e3:.1f} us")
     print("op kind     n  first wait end  first loaded  last stored | medians: "
@@ -107,8 +111,7 @@ def main():
           + ", ".join(f"{k} {v:.2f}" for k, v in seg.items())
           + f"; layer {np.median(layers):.2f}, span {span:.1f} us", flush=True)
     if args.save:
-        np.save(f"{args.save}-events.npy", ev)
-        np.save(f"{args.save}-instrs.npy", prog.plan.instrs)
+        save(args.save, prog)
     prog.close()
 
 
