@@ -1,7 +1,9 @@
 """tools/gpu_cache.py's parts that need neither pip nor NVRTC: which versions it pins (the GPU
 image's, from the newest results JSON that names them) and what it packs."""
 import json
+import os
 import tarfile
+import types
 
 import pytest
 
@@ -54,3 +56,22 @@ def test_fill_names_what_to_build(capsys):
     with pytest.raises(SystemExit):
         load_tool("gpu_cache").main(["fill"])
     assert "--tier" in capsys.readouterr().err
+
+
+def test_fill_tests_prebuilds_those_tests_only(monkeypatch, capsys):
+    # --tests: prebuild_bodies over the named paths (the tests step's $GPU_TESTS), not the tier
+    tool = load_tool("gpu_cache")
+    ran = []
+
+    def fake_run(command, **kw):
+        ran.append(command)
+        return types.SimpleNamespace(returncode=0, stdout="prebuild_bodies: 3 builds\n",
+                                     stderr="")
+    monkeypatch.setattr(tool, "gpu_packages", lambda: {"cuda-core": "1.2.0"})
+    monkeypatch.setattr(tool, "make_env", lambda packages: "python")
+    monkeypatch.setattr(tool, "pack", lambda: (3, 1024))
+    monkeypatch.setattr(tool.subprocess, "run", fake_run)
+    assert tool.main(["fill", "--tests", "tests/ops/test_a.py", "tests/ops/test_b.py::t"]) == 0
+    assert ran == [["python", "tools/prebuild_bodies.py", "--jobs", str(os.cpu_count() or 1),
+                    "tests/ops/test_a.py", "tests/ops/test_b.py::t"]]
+    assert "prebuild_bodies: 3 builds" in capsys.readouterr().out

@@ -8,11 +8,14 @@ lease loads it instead of compiling. On the H200's 16 cores the tier's ~100 buil
 (554-686 s of NVRTC), each tree of an A/B a minute or more: device time, the scarcest thing a
 session has. Under this machine's own NVRTC (another version) nothing here would hit there.
 
-    python3 tools/gpu_cache.py fill [--tier] [--report] [--sanitize] [--ab ROW ...] [--jobs N]
+    python3 tools/gpu_cache.py fill [--tier] [--tests PATH ...] [--report] [--sanitize]
+                                    [--ab ROW ...] [--jobs N]
 
   1. build/gpu-env: a venv of the GPU image's cuda packages, their versions read from the
      newest results JSON's machine.packages (benchmarks/results/*.json), made once;
   2. --tier: tools/prebuild_bodies.py under it (the GPU tier's builds, recorded without a GPU);
+     --tests PATH ...: the same for these test paths or node ids only (gpu_checks.sh's tests
+     step, $GPU_TESTS);
      --report: the builds `python -m benchmarks.report` asks for, of this checkout
      (tools/ab_trees.py build --report over every GPU and call workload);
      --sanitize: those of tools/sanitize.sh's program (tools/sanitize_graph.py --builds);
@@ -115,7 +118,8 @@ def _builds(what: str, command: list[str], env: dict) -> int:
     return done.returncode
 
 
-def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int) -> int:
+def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int,
+         tests: list[str] = ()) -> int:
     packages = gpu_packages()
     python = make_env(packages)
     env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(CACHE))
@@ -123,8 +127,9 @@ def fill(tier: bool, report: bool, sanitize: bool, ab_rows: list[str], jobs: int
     print(f"gpu_cache: {', '.join(f'{k} {v}' for k, v in packages.items())} in {ENV}",
           flush=True)
     status = 0
-    if tier:
-        done = subprocess.run([str(python), "tools/prebuild_bodies.py", "--jobs", str(jobs)],
+    if tier or tests:
+        done = subprocess.run([str(python), "tools/prebuild_bodies.py", "--jobs", str(jobs),
+                               *([] if tier else tests)],
                               cwd=ROOT, env=env, capture_output=True, text=True)
         print("\n".join(line for line in done.stdout.splitlines()
                         if line.startswith("prebuild_bodies")), flush=True)
@@ -150,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     pf = sub.add_parser("fill", help="compile the lease's builds here, then pack them")
     pf.add_argument("--tier", action="store_true", help="the GPU tier's builds")
+    pf.add_argument("--tests", nargs="+", default=[], metavar="PATH",
+                    help="the builds of these GPU tests only (gpu_checks.sh's tests step)")
     pf.add_argument("--report", action="store_true", help="benchmarks.report's builds")
     pf.add_argument("--sanitize", action="store_true", help="tools/sanitize.sh's builds")
     pf.add_argument("--ab", nargs="+", default=[], metavar="ROW",
@@ -165,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
         n, size = pack()
         print(f"gpu_cache: {n} files in {ARCHIVE.relative_to(ROOT)} ({size / 2**20:.1f} MiB)")
         return 0
-    if not (a.tier or a.report or a.sanitize or a.ab):
-        p.error("fill: name --tier, --report, --sanitize, --ab ROW ..., or several")
-    return fill(a.tier, a.report, a.sanitize, a.ab, a.jobs)
+    if not (a.tier or a.tests or a.report or a.sanitize or a.ab):
+        p.error("fill: name --tier, --tests PATH ..., --report, --sanitize, --ab ROW ..., "
+                "or several")
+    return fill(a.tier, a.report, a.sanitize, a.ab, a.jobs, a.tests)
 
 
 if __name__ == "__main__":
