@@ -3,7 +3,7 @@ row vector (N,) / (1, N) broadcast over a's rows; a and b may each be float32 or
 
 Where it is free, the add is not an instruction at all: `fuse` folds it into the GEMM that
 produced its operand (a full-shape b becomes that GEMM's residual, a row vector its bias),
-when nothing else reads the GEMM's result. Otherwise it is lowered into bands of whole rows
+when nothing else reads the GEMM's result and the epilogue adds in the graph's order. Otherwise it is lowered into bands of whole rows
 (MK_ADD_PAGES = 0: registers only, device/ops/add.cuh).
 """
 from __future__ import annotations
@@ -38,21 +38,21 @@ class Add(RowBands, OpDef):
 
     def fuse(self, op, producer: Unit, position: int) -> Unit | None:
         """add(gemm(...), b) -> gemm(..., residual=b) (b full-shape) or gemm(..., bias=b) (b a
-        row vector, the GEMM with no bias and no activation: bias is added before it)."""
+        row vector, the GEMM with no bias, no activation and no residual: the epilogue adds
+        its bias before both). Only where the epilogue adds in the graph's order: fp32
+        additions do not reassociate, so (x @ w + r) + bias folded as (x @ w + bias) + r
+        rounds differently and can land past the error bound of the graph's own order."""
         if producer.kind != "gemm" or position != 0 or producer.attrs.get("split"):
             return None
-        b = op.inputs[1]
         attrs = dict(producer.attrs)
         if not op.attrs["broadcast"] and not attrs.get("residual"):
             attrs["residual"] = True
-            inputs = tuple(producer.inputs) + (b,)
-        elif op.attrs["broadcast"] and not attrs.get("bias") and not attrs.get("activation"):
+        elif op.attrs["broadcast"] and not (attrs.get("bias") or attrs.get("activation")
+                                            or attrs.get("residual")):
             attrs["bias"] = True
-            a_b = tuple(producer.inputs[:2])
-            rest = tuple(producer.inputs[2:])    # a residual, if any, stays after the bias
-            inputs = a_b + (b,) + rest
         else:
             return None
+        inputs = tuple(producer.inputs) + (op.inputs[1],)   # bias, then residual (gemm.py)
         return producer.with_(inputs=inputs, output=op.output, attrs=attrs,
                               label=f"{producer.label} + {op.label} (fused)")
 

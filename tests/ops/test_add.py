@@ -88,16 +88,41 @@ def test_add_folds_into_the_gemm_epilogue(backend, rng, case):
     check_graph(prog, g, rng, f"fused add {case}")
 
 
+def _residual_then_bias(x_shape=(40, 24), n=70):
+    """(x @ w + r) + bias: the bias comes after the residual."""
+    g = megak.Graph()
+    x = g.input("x", x_shape)
+    h = g.gemm(x, g.input("w", (x_shape[1], n)))
+    s = g.add(h, g.input("r", (x_shape[0], n)))
+    g.output(g.add(s, g.input("bias", (n,))), "y")
+    return g
+
+
 @pytest.mark.parametrize("graph", [
     lambda: _gemm_add((70,), activation="relu"),       # a bias would go before the relu
     lambda: _gemm_add((70,), bias=True),               # the GEMM has its bias already
     lambda: _gemm_add((40, 70), also_output=True),     # the GEMM's result is needed too
+    _residual_then_bias,                               # a bias would go before the residual
 ])
 def test_add_stays_an_instruction_where_folding_would_change_the_result(rng, graph):
     g = graph()
     prog = megak.compile(g, backend="sim", n_sm=4)
     assert "add" in prog.stats["instructions_per_opcode"]
     check_graph(prog, g, rng, "unfused add")
+
+
+def test_an_add_after_the_residual_keeps_the_graph_order(backend):
+    """(x @ w + r) + bias in that order, exactly: with x @ w = 0.5, r = -0.5 and bias =
+    0.75 + 2^-24, the graph's order is exact (0, then the bias), while the epilogue's order
+    (x @ w + bias, a tie rounded to even at 1.25, then + r) would give 0.75."""
+    g = _residual_then_bias((3, 2), 4)
+    prog = megak.compile(g, backend=backend, **opts(backend))
+    assert prog.stats["instructions_per_opcode"]["add"] > 0
+    bias = np.full(4, 0.75 + 2.0 ** -24, np.float32)
+    assert bias[0] != np.float32(0.75)
+    out = prog.run(x=np.full((3, 2), 0.5, np.float32), w=np.full((2, 4), 0.5, np.float32),
+                   r=np.full((3, 4), -0.5, np.float32), bias=bias)
+    np.testing.assert_array_equal(out["y"], np.broadcast_to(bias, (3, 4)))
 
 
 def _sum_with_a_later_producer(case):
