@@ -194,6 +194,39 @@ def random_stream_graph(seed: int) -> megak.Graph:
     return _with_outputs(g, pool, rng)
 
 
+F32_CHAIN_ROWS = [1, 2, 5, 8, 16, 17]
+F32_CHAIN_DIMS = [32, 100, 128, 257, 520, 1024, 2100]
+
+
+def random_f32_chain_graph(seed: int) -> megak.Graph:
+    """fp32 layer chains at batch 1 to 16 (and 17, past that path's edge) on weight inputs,
+    the path of the fp32 W2 rows, with random epilogues (bias, activation, residual), K and N
+    off the 32-column bands and 128-row boxes, sometimes a bias or a residual added between
+    layers (folded into the layer or not, by the epilogue's order)."""
+    rng = np.random.default_rng(seed)
+    g = megak.Graph()
+
+    def new_input(shape):
+        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), "float32")
+
+    m = int(rng.choice(F32_CHAIN_ROWS))
+    h = new_input((m, rng.choice(F32_CHAIN_DIMS)))
+    pool = [h]
+    for _ in range(int(rng.integers(2, 6))):
+        n = int(rng.choice(F32_CHAIN_DIMS))
+        kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
+        if rng.random() < 0.3:
+            kw["bias"] = new_input((n,))
+        if rng.random() < 0.2:
+            kw["residual"] = new_input((m, n))
+        h = g.gemm(h, new_input((h.cols, n)), **kw)
+        pool.append(h)
+        if rng.random() < 0.25:
+            h = g.add(h, new_input((n,) if rng.random() < 0.5 else (m, n)))
+            pool.append(h)
+    return _with_outputs(g, pool, rng)
+
+
 def random_layer_chain(rng, dtype: str, batches: list[int], widths: list[int]) -> tuple:
     """x @ W_i through 1-3 layers of a batch and widths drawn from `batches` and `widths`, each
     layer with an fp32 bias and a relu or silu at random, every layer's result an output (the
