@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import megak
+from megak.dtypes import numpy_dtype
 
 DIMS = [1, 3, 7, 33, 64, 65, 129, 200, 300]
 
@@ -160,19 +161,36 @@ def random_fused_graph(seed: int) -> megak.Graph:
 STREAM_DIMS = [64, 100, 128, 200, 520, 1024]
 
 
-def random_stream_graph(seed: int) -> megak.Graph:
+def _operands(g: megak.Graph, seed: int, rng, constants: float):
+    """new(shape, dtype, weight=True): a new graph input, or, for a weight, bias or residual
+    (`weight`) with probability `constants`, a constant of uniform(-1, 1) values (drawn from
+    a generator of its own, so a graph without constants draws as before)."""
+    values = np.random.default_rng([seed, 1])
+
+    def new(shape, dtype, weight=True):
+        shape = tuple(int(d) for d in shape)
+        if weight and constants and rng.random() < constants:
+            value = values.uniform(-1.0, 1.0, shape).astype(np.float32)
+            return g.constant(f"c{len(g.constants)}", value.astype(numpy_dtype(dtype)))
+        return g.input(f"in{len(g.inputs)}", shape, dtype)
+    return new
+
+
+def random_stream_graph(seed: int, constants: float = 0.0) -> megak.Graph:
     """Layer chains at batch 1 to 64 on bf16 weights (the weight stream: its ring runs across
     instruction boundaries where an SM has several layers' bands), with random epilogues
     (bias, activation, residual; an fp32 output ends the chain, as the next layer's A must be
-    bf16), K and N off the 64 / 128 boxes, sometimes a bias added between layers."""
+    bf16), K and N off the 64 / 128 boxes, sometimes a bias added between layers. Each
+    weight, bias and residual a constant with probability `constants`."""
     rng = np.random.default_rng(seed)
     g = megak.Graph()
+    operand = _operands(g, seed, rng, constants)
 
     def new_input(shape, dtype="bfloat16"):
-        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), dtype)
+        return operand(shape, dtype)
 
     m = int(rng.choice([1, 2, 7, 16, 33, 64]))
-    h = new_input((m, rng.choice(STREAM_DIMS)))
+    h = operand((m, rng.choice(STREAM_DIMS)), "bfloat16", weight=False)
     pool = [h]
     for _ in range(int(rng.integers(2, 6))):
         n = int(rng.choice(STREAM_DIMS))
@@ -198,19 +216,21 @@ F32_CHAIN_ROWS = [1, 2, 5, 8, 16, 17]
 F32_CHAIN_DIMS = [32, 100, 128, 257, 520, 1024, 2100]
 
 
-def random_f32_chain_graph(seed: int) -> megak.Graph:
+def random_f32_chain_graph(seed: int, constants: float = 0.0) -> megak.Graph:
     """fp32 layer chains at batch 1 to 16 (and 17, past that path's edge) on weight inputs,
     the path of the fp32 W2 rows, with random epilogues (bias, activation, residual), K and N
     off the 32-column bands and 128-row boxes, sometimes a bias or a residual added between
-    layers (folded into the layer or not, by the epilogue's order)."""
+    layers (folded into the layer or not, by the epilogue's order). Each weight, bias and
+    residual a constant with probability `constants`."""
     rng = np.random.default_rng(seed)
     g = megak.Graph()
+    operand = _operands(g, seed, rng, constants)
 
     def new_input(shape):
-        return g.input(f"in{len(g.inputs)}", tuple(int(d) for d in shape), "float32")
+        return operand(shape, "float32")
 
     m = int(rng.choice(F32_CHAIN_ROWS))
-    h = new_input((m, rng.choice(F32_CHAIN_DIMS)))
+    h = operand((m, rng.choice(F32_CHAIN_DIMS)), "float32", weight=False)
     pool = [h]
     for _ in range(int(rng.integers(2, 6))):
         n = int(rng.choice(F32_CHAIN_DIMS))
@@ -225,6 +245,14 @@ def random_f32_chain_graph(seed: int) -> megak.Graph:
             h = g.add(h, new_input((n,) if rng.random() < 0.5 else (m, n)))
             pool.append(h)
     return _with_outputs(g, pool, rng)
+
+
+def random_const_graph(seed: int) -> megak.Graph:
+    """The stream's bf16 chains (even seeds) and the fp32 chains (odd seeds) with half their
+    weights, biases and residuals constants (g.constant): on the GPU a streamed constant B is
+    also kept packed in the stream's page order, read by bulk copies."""
+    make = random_stream_graph if seed % 2 == 0 else random_f32_chain_graph
+    return make(seed, constants=0.5)
 
 
 def random_layer_chain(rng, dtype: str, batches: list[int], widths: list[int]) -> tuple:

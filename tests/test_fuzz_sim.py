@@ -17,7 +17,7 @@ def test_every_mode_passes_on_a_few_seeds(capsys):
     assert summary.startswith("fuzz_sim: ") and " 0 failed " in summary
     passed, refused = (int(w) for w in re.match(r"fuzz_sim: (\d+) passed, (\d+) refused",
                                                  summary).groups())
-    assert passed + refused == 4 * 5 * 4 and passed > 0      # seeds x kinds x modes
+    assert passed + refused == 4 * 6 * 4 and passed > 0      # seeds x kinds x modes
 
 
 def test_a_wrong_result_is_a_failure(capsys, monkeypatch):

@@ -2,7 +2,7 @@
 """Random graphs on the simulator, past the test seeds: every output checked against float64.
 
     tools/fuzz_sim.py [--modes plain pages api resident]
-                      [--kinds fp32 bf16 fused stream f32chain]
+                      [--kinds fp32 bf16 fused stream f32chain const]
                       [--seeds 0 1000] [--stop-on-failure]
 
 Each seed of each kind (tests/random_dags.py) runs in each mode:
@@ -33,12 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 import megak  # noqa: E402
 from megak.dtypes import numpy_dtype  # noqa: E402
-from tests.random_dags import (random_bf16_graph, random_f32_chain_graph,  # noqa: E402
-                               random_fused_graph, random_graph, random_stream_graph)
+from tests.random_dags import (random_bf16_graph, random_const_graph,  # noqa: E402
+                               random_f32_chain_graph, random_fused_graph, random_graph,
+                               random_stream_graph)
 from tests.reference import check_outputs, random_inputs  # noqa: E402
 
 KINDS = {"fp32": random_graph, "bf16": random_bf16_graph, "fused": random_fused_graph,
-         "stream": random_stream_graph, "f32chain": random_f32_chain_graph}
+         "stream": random_stream_graph, "f32chain": random_f32_chain_graph,
+         "const": random_const_graph}
 MODES = ("plain", "pages", "api", "resident")
 SM_COUNTS = (1, 2, 3, 4, 5, 7, 8, 13, 16, 33, 132)
 LAUNCHES = 3
