@@ -176,6 +176,17 @@ def _operands(g: megak.Graph, seed: int, rng, constants: float):
     return new
 
 
+def _layer_epilogue(rng, operand, m: int, n: int, dtype: str, bias_dtype) -> dict:
+    """A random layer's epilogue keywords: an activation (or none), a bias (of `bias_dtype()`)
+    with probability 0.3, a residual (of `dtype`) with probability 0.2."""
+    kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
+    if rng.random() < 0.3:
+        kw["bias"] = operand((n,), bias_dtype())
+    if rng.random() < 0.2:
+        kw["residual"] = operand((m, n), dtype)
+    return kw
+
+
 def random_stream_graph(seed: int, constants: float = 0.0) -> megak.Graph:
     """Layer chains at batch 1 to 64 on bf16 weights (the weight stream: its ring runs across
     instruction boundaries where an SM has several layers' bands), with random epilogues
@@ -185,29 +196,22 @@ def random_stream_graph(seed: int, constants: float = 0.0) -> megak.Graph:
     rng = np.random.default_rng(seed)
     g = megak.Graph()
     operand = _operands(g, seed, rng, constants)
-
-    def new_input(shape, dtype="bfloat16"):
-        return operand(shape, dtype)
-
     m = int(rng.choice([1, 2, 7, 16, 33, 64]))
     h = operand((m, rng.choice(STREAM_DIMS)), "bfloat16", weight=False)
     pool = [h]
     for _ in range(int(rng.integers(2, 6))):
         n = int(rng.choice(STREAM_DIMS))
-        kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
-        if rng.random() < 0.3:
-            kw["bias"] = new_input((n,), "bfloat16" if rng.random() < 0.5 else "float32")
-        if rng.random() < 0.2:
-            kw["residual"] = new_input((m, n))
+        kw = _layer_epilogue(rng, operand, m, n, "bfloat16",
+                             lambda: "bfloat16" if rng.random() < 0.5 else "float32")
         last = rng.random() < 0.15
         if last:
             kw["out_dtype"] = "float32"
-        h = g.gemm(h, new_input((h.cols, n)), **kw)
+        h = g.gemm(h, operand((h.cols, n), "bfloat16"), **kw)
         pool.append(h)
         if last:
             break
         if rng.random() < 0.15:
-            h = g.add(h, new_input((n,)))
+            h = g.add(h, operand((n,), "bfloat16"))
             pool.append(h)
     return _with_outputs(g, pool, rng)
 
@@ -225,24 +229,16 @@ def random_f32_chain_graph(seed: int, constants: float = 0.0) -> megak.Graph:
     rng = np.random.default_rng(seed)
     g = megak.Graph()
     operand = _operands(g, seed, rng, constants)
-
-    def new_input(shape):
-        return operand(shape, "float32")
-
     m = int(rng.choice(F32_CHAIN_ROWS))
     h = operand((m, rng.choice(F32_CHAIN_DIMS)), "float32", weight=False)
     pool = [h]
     for _ in range(int(rng.integers(2, 6))):
         n = int(rng.choice(F32_CHAIN_DIMS))
-        kw = {"activation": _ACTIVATIONS[int(rng.integers(len(_ACTIVATIONS)))]}
-        if rng.random() < 0.3:
-            kw["bias"] = new_input((n,))
-        if rng.random() < 0.2:
-            kw["residual"] = new_input((m, n))
-        h = g.gemm(h, new_input((h.cols, n)), **kw)
+        kw = _layer_epilogue(rng, operand, m, n, "float32", lambda: "float32")
+        h = g.gemm(h, operand((h.cols, n), "float32"), **kw)
         pool.append(h)
         if rng.random() < 0.25:
-            h = g.add(h, new_input((n,) if rng.random() < 0.5 else (m, n)))
+            h = g.add(h, operand((n,) if rng.random() < 0.5 else (m, n), "float32"))
             pool.append(h)
     return _with_outputs(g, pool, rng)
 
