@@ -37,6 +37,24 @@ def test_a_wrong_result_is_a_failure(capsys, monkeypatch):
                                            "2 failed")
 
 
+def test_an_interrupted_run_prints_what_it_ran(capsys, monkeypatch):
+    tool = _tool()
+    calls = []
+
+    def stop_on_the_sixth(mode, graph, seed, rng):
+        calls.append((seed, mode))
+        if len(calls) == 6:
+            raise KeyboardInterrupt     # what a SIGTERM from `timeout` raises
+        return "ok"
+
+    monkeypatch.setattr(tool, "run_mode", stop_on_the_sixth)
+    assert tool.main(["--seeds", "7", "20", "--kinds", "fp32", "--modes", "plain", "api"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "fuzz_sim: interrupted; the summary counts the seeds that ran"
+    assert lines[-1] == ("fuzz_sim: 5 passed, 0 refused by the page budget, 0 failed "
+                         "(fp32 seeds 7-8; modes plain, api)")
+
+
 def test_strided_views_keep_values_and_pad_rows():
     tool = _tool()
     a = np.arange(12, dtype=np.float32).reshape(3, 4)

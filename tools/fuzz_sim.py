@@ -17,11 +17,14 @@ Each seed of each kind (tests/random_dags.py) runs in each mode:
 
 The simulator also fails any instruction that reads a region before it was completely
 written, so a missing dependency is caught even where the values would agree. Prints one
-line per failure and a summary; exit status 1 when anything failed.
+line per failure and a summary, also when stopped by SIGTERM (an outer `timeout`) or ^C: the
+counts of every mode that ran, and each kind's last seed that ran in every mode. Exit status
+1 when anything failed.
 """
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -130,26 +133,47 @@ def main(argv=None) -> int:
     ap.add_argument("--stop-on-failure", action="store_true")
     args = ap.parse_args(argv)
     counts = {"ok": 0, "refused": 0, "failed": 0}
-    for kind in args.kinds:
-        for seed in range(*args.seeds):
-            graph = KINDS[kind](seed)
-            for mode in args.modes:
-                # a seed of its own per (kind, seed, mode): a failure reruns alone
-                rng = np.random.default_rng([seed, MODES.index(mode), list(KINDS).index(kind)])
-                try:
-                    counts[run_mode(mode, graph, seed, rng)] += 1
-                except Exception as e:     # noqa: BLE001 - every failure is reported
-                    counts["failed"] += 1
-                    last = traceback.extract_tb(e.__traceback__)[-1]
-                    print(f"FAIL {kind} seed {seed} mode {mode}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0][:200]} ({Path(last.filename).name}:"
-                          f"{last.lineno})", flush=True)
-                    if args.stop_on_failure:
-                        return 1
+    # an outer `timeout` (SIGTERM) or ^C ends the run with the summary of what it ran
+    before = signal.signal(signal.SIGTERM, _interrupt)
+    done = {kind: None for kind in args.kinds}     # kind -> last seed run in every mode
+    try:
+        for kind in args.kinds:
+            for seed in range(*args.seeds):
+                if _run_seed(kind, seed, args.modes, counts) and args.stop_on_failure:
+                    return 1
+                done[kind] = seed
+    except KeyboardInterrupt:
+        print("fuzz_sim: interrupted; the summary counts the seeds that ran", flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    ran = "; ".join(f"{kind} seeds {args.seeds[0]}-{last}" if last is not None
+                    else f"{kind} none" for kind, last in done.items())
     print(f"fuzz_sim: {counts['ok']} passed, {counts['refused']} refused by the page budget, "
-          f"{counts['failed']} failed ({', '.join(args.kinds)}; seeds {args.seeds[0]}-"
-          f"{args.seeds[1] - 1}; modes {', '.join(args.modes)})")
+          f"{counts['failed']} failed ({ran}; modes {', '.join(args.modes)})", flush=True)
     return 1 if counts["failed"] else 0
+
+
+def _run_seed(kind: str, seed: int, modes, counts: dict) -> bool:
+    """One seed of one kind in each mode, counted; whether any failed (each failure printed)."""
+    graph = KINDS[kind](seed)
+    failed = False
+    for mode in modes:
+        # a seed of its own per (kind, seed, mode): a failure reruns alone
+        rng = np.random.default_rng([seed, MODES.index(mode), list(KINDS).index(kind)])
+        try:
+            counts[run_mode(mode, graph, seed, rng)] += 1
+        except Exception as e:     # noqa: BLE001 - every failure is reported
+            counts["failed"] += 1
+            failed = True
+            last = traceback.extract_tb(e.__traceback__)[-1]
+            print(f"FAIL {kind} seed {seed} mode {mode}: {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]} ({Path(last.filename).name}:"
+                  f"{last.lineno})", flush=True)
+    return failed
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
