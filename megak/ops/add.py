@@ -3,8 +3,9 @@ row vector (N,) / (1, N) broadcast over a's rows; a and b may each be float32 or
 
 Where it is free, the add is not an instruction at all: `fuse` folds it into the GEMM that
 produced its operand (a full-shape b becomes that GEMM's residual, a row vector its bias),
-when nothing else reads the GEMM's result and the epilogue adds in the graph's order. Otherwise it is lowered into bands of whole rows
-(MK_ADD_PAGES = 0: registers only, device/ops/add.cuh).
+when nothing else reads the GEMM's result and the epilogue adds in the graph's order.
+Otherwise it is lowered into bands of whole rows (MK_ADD_PAGES = 0: registers only,
+device/ops/add.cuh).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Add(RowBands, OpDef):
             attrs["bias"] = True
         else:
             return None
-        inputs = tuple(producer.inputs) + (op.inputs[1],)   # bias, then residual (gemm.py)
+        inputs = tuple(producer.inputs) + (op.inputs[1],)   # a, b, bias, residual (gemm.py)
         return producer.with_(inputs=inputs, output=op.output, attrs=attrs,
                               label=f"{producer.label} + {op.label} (fused)")
 
