@@ -50,6 +50,8 @@ def build(harness: str, tmp: Path, *, tsan: bool = False,
     source = tree / "tests" / "host_run" / f"{harness}.cpp"
     source.parent.mkdir(parents=True)
     shutil.copy(HOST_RUN / f"{harness}.cpp", source)
+    for header in HOST_RUN.glob("*.h"):   # the stand-ins the harnesses share
+        shutil.copy(header, source.parent / header.name)
     if mutate is not None:
         path, old, new = mutate
         target = tree / "megak" / "device" / path

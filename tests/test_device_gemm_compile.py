@@ -35,8 +35,9 @@ OP_SAVE_LIMIT = 32
 GEMM_BODIES = ("mk_gemm_f32", "mk_gemm_f32_short", "mk_gemm_bf16", "mk_gemm_stream",
                "mk_gemm_wgmma", "mk_gemm_wgmma_generic")
 # mk_gemm_stream is one function per form its dispatch tells apart (gemm_stream.cuh,
-# mk_stream_form: any record, narrow bands of 9-16 and of 1-8 rows, one-part wide bands)
-STREAM_FORMS = 4
+# mk_stream_form: any record, narrow bands of 9-16 and of 1-8 rows, one-part wide bands, fp32
+# bands)
+STREAM_FORMS = 5
 MMA_LOOP = r"\bH(GMMA|MMA)\b"
 MMA = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
 

@@ -24,7 +24,7 @@ def test_static_smem_is_subtracted():
 
 def test_instruction_needing_more_pages_than_exist_is_rejected():
     g = megak.Graph()
-    a = g.input("a", (8, 8), "float32")
+    a = g.input("a", (17, 17), "float32")   # > 16 rows: a tile, not the stream's 3 pages
     g.output(g.gemm(a, a), "y")
     with pytest.raises(GraphError, match=r"needs 4 shared-memory pages .* n_pages=3 per SM"):
         megak.compile(g, backend="sim", n_pages=3)

@@ -777,7 +777,7 @@ _RUN_TAIL = """    mk_trace_mark(MK_T_COMPUTED);
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && ring && narrow && direct)
+    if (MK_NARROW_REDUCE && ring && (narrow || f32) && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
         mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);
@@ -792,7 +792,7 @@ _RUN_TAIL_MARKED = """    const bool mkp_on = pages.stream_stages > 0 && threadI
     if (mkp_on) MKP(pages.stream_pos, 5);
     mk_trace_mark(MK_T_COMPUTED);
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && ring && narrow && direct)
+    if (MK_NARROW_REDUCE && ring && (narrow || f32) && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
         mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);

@@ -105,6 +105,10 @@ enum mk_op_shapes {
                                   is 64 B, the 64-B swizzle span; two boxes make a page */
     MK_STREAM_NARROW_READY = 65536 + 128, /* the ready word of a narrow map: 2^16 + its box
                                   rows (MK_STREAM_BOX_ROWS) */
+    MK_STREAM_F32_COLS = 32,   /* columns of an fp32 band (MK_FLAG_STREAM_F32): a box row is
+                                  128 B of fp32, the 128-B swizzle span; one box of
+                                  MK_STREAM_BOX_ROWS k-rows is a page, the transpose's box
+                                  (its map's ready word is MK_TRANSPOSE_READY) */
     MK_STREAM_PACKED_READY = 262144 + 128, /* the ready word of a constant B packed for wide
                                   bands (2^18 + box rows): its map slot holds an mk_packed_b, a
                                   band of MK_STREAM_BOX_COLS columns is one run of pages, each
@@ -184,8 +188,9 @@ enum mk_flags {
     MK_FLAG_B_READY = 256,        /* operand B has no producer in this graph: the loader may load it
                                      before the waits */
     MK_FLAG_CAUSAL = 512,         /* softmax: column j of row i is masked out where j > i */
-    MK_FLAG_STREAM = 1024,        /* GEMM, bf16, B a graph input (with MK_FLAG_B_READY): B comes
-                                     through the block's weight ring (ops/gemm_stream.cuh). Such
+    MK_FLAG_STREAM = 1024,        /* GEMM, bf16 (fp32 with MK_FLAG_STREAM_F32), B a graph input
+                                     (with MK_FLAG_B_READY): B comes through the block's weight
+                                     ring (ops/gemm_stream.cuh). Such
                                      a record's param is parts << 16 | part: its k range is part
                                      `part` of `parts` of its column band; with parts > 1,
                                      tensor[MK_ARG_SPARE] is the fp32 partials tensor (part p's
@@ -194,11 +199,17 @@ enum mk_flags {
     MK_FLAG_WGMMA = 2048,         /* GEMM, bf16: one MK_WGMMA_TILE_M x MK_WGMMA_TILE_N tile on
                                      wgmma, A and B through TMA (ops/gemm_wgmma.cuh); cols <=
                                      MK_WGMMA_TILE_N, MK_WGMMA_PAGES pages */
-    MK_FLAG_STREAM_NARROW = 4096  /* with MK_FLAG_STREAM: a band of at most
+    MK_FLAG_STREAM_NARROW = 4096, /* with MK_FLAG_STREAM: a band of at most
                                      MK_STREAM_NARROW_COLS columns and one m16 tile, whose ring
                                      stage is two boxes of 32 columns x 128 k-rows (64-B
                                      swizzle) stacked in k, from a map whose ready word is
                                      MK_STREAM_NARROW_READY (else the GEMM loads B itself) */
+    MK_FLAG_STREAM_F32 = 8192     /* with MK_FLAG_STREAM (not _NARROW): an fp32 band of at most
+                                     MK_STREAM_F32_COLS columns and one m16 tile, A, B and the
+                                     partials fp32, whose ring stage is one box of 32 columns x
+                                     128 k-rows (128-B swizzle) from a map whose ready word is
+                                     MK_TRANSPOSE_READY (else the GEMM loads B itself); FMAs,
+                                     not MMAs (ops/gemm_stream_f32.cuh) */
 };
 
 /* A build's op bodies: the megakernel compiled with -DMK_BODIES=<mask> holds only the bodies

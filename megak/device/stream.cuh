@@ -5,7 +5,8 @@
  *   pages    the last p.stream_pages (R) pages of the block: ring slot i = page n_pages - R + i;
  *            the allocator never hands them out (it owns pages 0 .. n_pages - R - 1)
  *   stages   the streamed instructions of the block's queue, in queue order, each
- *            ceil(klen / MK_STREAM_BOX_ROWS) boxes of B (64 columns x 128 k-rows = one page),
+ *            ceil(klen / MK_STREAM_BOX_ROWS) boxes of B (64 bf16 columns, or 32 fp32 ones of an
+ *            fp32 band (MK_FLAG_STREAM_F32), x 128 k-rows = one page),
  *            or for a narrow band (MK_FLAG_STREAM_NARROW) ceil(klen / 256) pages of two boxes
  *            of 32 columns x 128 k-rows stacked in k; stage position pos counts them from 0
  *            in each invocation; stage pos lives in slot pos % R

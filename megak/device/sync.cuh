@@ -288,4 +288,10 @@ __device__ __forceinline__ float4 mk_lds_f4(mk_u32 smem)
     return v;
 }
 
+__device__ __forceinline__ void mk_sts_f4(mk_u32 smem, float4 v)
+{
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};"
+                 : : "r"(smem), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+
 #endif /* MEGAK_SYNC_CUH */

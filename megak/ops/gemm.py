@@ -41,6 +41,8 @@ STREAM_TILE_M = SHAPES["MK_STREAM_TILE_M"]
 BOX_COLS = SHAPES["MK_STREAM_BOX_COLS"]
 BOX_ROWS = SHAPES["MK_STREAM_BOX_ROWS"]
 NARROW_COLS = SHAPES["MK_STREAM_NARROW_COLS"]
+F32_COLS = SHAPES["MK_STREAM_F32_COLS"]
+F32_STREAM_M = 16        # an fp32 band is one m16 tile of rows (device/ops/gemm_stream_f32.cuh)
 STREAM_PAGES = SHAPES["MK_STREAM_PAGES"]
 # the weight ring of a program of streamed GEMMs on a Hopper SM's pages (scheduler.stream_pages)
 RING_BOXES = ring_pages(DEFAULT_PAGES, STREAM_PAGES)
@@ -98,17 +100,24 @@ def stream_split(m: int, k: int, n: int, dtype: str, b_is_input: bool,
                  n_sm: int) -> tuple[int, int] | None:
     """(parts, k per part) of a streamed GEMM on `n_sm` SMs, or None for the tiled lowering.
 
-    Streamed: bf16, at most STREAM_M rows, B a graph input (the streamer fetches it before
-    any dependency is met). Each band of BOX_COLS columns (and STREAM_TILE_M rows) splits its
+    Streamed: B a graph input (the streamer fetches it before any dependency is met), and
+    bf16 of at most STREAM_M rows or fp32 of at most F32_STREAM_M (bands of F32_COLS columns,
+    FMAs instead of MMAs: device/ops/gemm_stream_f32.cuh; their boxes are bf16's 16 KiB pages
+    of 128 k-rows). Each band of BOX_COLS columns (and STREAM_TILE_M rows) splits its
     k-rows, in whole boxes, into equal parts: as few as keep one part's boxes within the ring
     (RING_BOXES: the streamer then has all of it in flight before the part's activation is
     ready, and every part past the first costs a combine on the layer's critical path), but
     as many as the SMs allow when a band's boxes are more (bands x row bands x parts <= n_sm:
     every SM streams a share)."""
-    if dtype != "bfloat16" or m > STREAM_M or not b_is_input:
+    if not b_is_input:
         return None
-    bands, boxes = -(-n // BOX_COLS), -(-k // BOX_ROWS)
-    row_bands = -(-m // STREAM_TILE_M)
+    if dtype == "float32" and m <= F32_STREAM_M:
+        bands, row_bands = -(-n // F32_COLS), 1
+    elif dtype == "bfloat16" and m <= STREAM_M:
+        bands, row_bands = -(-n // BOX_COLS), -(-m // STREAM_TILE_M)
+    else:
+        return None
+    boxes = -(-k // BOX_ROWS)
     parts = max(1, min(-(-boxes // RING_BOXES), n_sm // (bands * row_bands)))
     per = -(-boxes // parts)
     return -(-boxes // per), per * BOX_ROWS
@@ -204,14 +213,15 @@ class Gemm(OpDef):
                               getattr(b, "producer", -1) is None, ctx.n_sm)
         if stream:
             parts, chunk = stream
-            if stream_narrow(a.rows, b.cols, parts, ctx.n_sm):
+            if a.dtype == "bfloat16" and stream_narrow(a.rows, b.cols, parts, ctx.n_sm):
                 return [unit.with_(attrs=dict(unit.attrs, stream=1, chunk=a.cols, narrow=True))]
             inputs = unit.inputs
             if parts > 1:   # part p's partial rows at p * STREAM_M (the last part sums them)
                 inputs += (ctx.new_tensor((parts * STREAM_M, b.cols), "float32",
                                           f"t{unit.output.index}_stream_partials"),)
+            f32 = {"f32": True} if a.dtype == "float32" else {}
             return [unit.with_(inputs=inputs,
-                               attrs=dict(unit.attrs, stream=parts, chunk=chunk))]
+                               attrs=dict(unit.attrs, stream=parts, chunk=chunk, **f32))]
         wide = uses_wgmma(a.dtype, ctx.n_pages)
         splits, chunk = split_k_factor(a.rows, a.cols, b.cols, ctx.n_sm,
                                        WGMMA_TILE_N if wide else TILE_N,
@@ -241,8 +251,7 @@ class Gemm(OpDef):
         a, b = unit.inputs[:2]
         m, n = a.rows, b.cols
         if unit.attrs.get("stream"):
-            cols = NARROW_COLS if unit.attrs.get("narrow") else BOX_COLS
-            return unit.attrs["stream"] * -(-n // cols) * -(-m // STREAM_TILE_M)
+            return unit.attrs["stream"] * -(-n // _band_cols(unit.attrs)) * -(-m // STREAM_TILE_M)
         tm, tn = tile_shape(unit.attrs)
         return unit.attrs.get("split", 1) * -(-m // tm) * -(-n // tn)
 
@@ -333,8 +342,8 @@ class Gemm(OpDef):
         halves = len(in_part)
         row_edges = np.append((np.arange(parts)[:, None] * m + in_part[None, :]).ravel(),
                               parts * m)
-        narrow = bool(unit.attrs.get("narrow"))
-        col_edges = edges(n, NARROW_COLS if narrow else BOX_COLS)
+        narrow, f32 = bool(unit.attrs.get("narrow")), bool(unit.attrs.get("f32"))
+        col_edges = edges(n, _band_cols(unit.attrs))
         p0, tm, c0, tn = grid(row_edges, col_edges)
         part = p0 // m
         r0 = p0 - part * m
@@ -362,13 +371,14 @@ class Gemm(OpDef):
         total_bytes = (size * (m * k + k * n) + out_size * m * n
                        + sum(ITEMSIZE[t.dtype] * t.rows * t.cols for t in unit.inputs[2:]))
         return Lowered(self.opcode, STREAM_PAGES, row_edges, col_edges, reads,
-                       cost_ns(flops, nbytes, tensor_cores=True),
+                       cost_ns(flops, nbytes, tensor_cores=not f32),
                        flops=float(flops.sum()), bytes=float(total_bytes),
                        extra={"row0": r0, "k0": k0, "klen": kl,
                               "param": (parts << 16) | part},
                        operands=operands,
                        flags=(_epilogue.flags(unit.attrs) | abi.FLAG_STREAM
-                              | (abi.FLAG_STREAM_NARROW if narrow else 0)),
+                              | (abi.FLAG_STREAM_NARROW if narrow else 0)
+                              | (abi.FLAG_STREAM_F32 if f32 else 0)),
                        wait_levels=("col", "op"),
                        combine=group if parts > 1 else None)
 
@@ -404,11 +414,12 @@ class Gemm(OpDef):
                     and _epilogue.act_code_ok(rec))
         if flags & abi.FLAG_STREAM:
             parts, part = int(rec["param"]) >> 16, int(rec["param"]) & 0xFFFF
-            narrow = flags & abi.FLAG_STREAM_NARROW
+            narrow, f32 = flags & abi.FLAG_STREAM_NARROW, flags & abi.FLAG_STREAM_F32
             return (min(r0, c0, int(rec["k0"])) >= 0
-                    and 1 <= rn <= (16 if narrow else STREAM_TILE_M)
-                    and 1 <= cn <= (NARROW_COLS if narrow else BOX_COLS)
+                    and 1 <= rn <= (16 if narrow or f32 else STREAM_TILE_M)
+                    and 1 <= cn <= (NARROW_COLS if narrow else F32_COLS if f32 else BOX_COLS)
                     and int(rec["klen"]) >= 1 and part < parts and (not narrow or parts == 1)
+                    and not (narrow and f32)
                     and int(rec["pages"]) >= STREAM_PAGES and _epilogue.act_code_ok(rec))
         return (min(r0, c0, rn, cn, int(rec["out_row0"]), int(rec["k0"]), int(rec["klen"])) >= 0
                 and rn <= TILE_M and cn <= TILE_N and _epilogue.act_code_ok(rec))
@@ -512,6 +523,11 @@ WGMMA_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
 WGMMA_REGISTER_PLAN = PagePlan(preload_late=tuple(range(WGMMA_PAGES)),
                                phases=((tuple(range(WGMMA_PAGES)), tuple(range(WGMMA_PAGES))),
                                        ((), ())))
+
+
+def _band_cols(attrs: dict) -> int:
+    """Columns of one band of a streamed GEMM unit (the lowering's attrs)."""
+    return NARROW_COLS if attrs.get("narrow") else F32_COLS if attrs.get("f32") else BOX_COLS
 
 
 def _stream_plan(rec) -> PagePlan:

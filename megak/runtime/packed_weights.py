@@ -55,7 +55,9 @@ def packed_forms(instrs: np.ndarray, constant_slots) -> dict[int, int]:
         return {}
     gemm = instrs["opcode"] == abi.OPCODE_OF["gemm"]
     flags = instrs["flags"].astype(np.int64)
-    streamed = gemm & ((flags & abi.FLAG_STREAM) != 0) & ((flags & abi.FLAG_WGMMA) == 0)
+    # fp32 bands stream through B's own map (a transpose's box): no packed form
+    streamed = (gemm & ((flags & abi.FLAG_STREAM) != 0) & ((flags & abi.FLAG_WGMMA) == 0)
+                & ((flags & abi.FLAG_STREAM_F32) == 0))
     narrow = streamed & ((flags & abi.FLAG_STREAM_NARROW) != 0)
     wide_b = set(instrs["tensor"][streamed & ~narrow, abi.ARG_B].tolist())
     narrow_b = set(instrs["tensor"][narrow, abi.ARG_B].tolist())

@@ -303,10 +303,13 @@ def boxes_of(flags: int) -> int:
 
 def readers_of(rows: int, flags: int = 0) -> int:
     """How many warps read each stage of a streamed instruction of `rows` rows: one per box of
-    a narrow band's stage (its one m16 tile each), else one per m16 tile
-    (ops/gemm_stream.cuh's mk_gemm_stream_run; a stage has at most READERS)."""
+    a narrow band's stage (its one m16 tile each), two for an fp32 band (each half the box's
+    k-rows: ops/gemm_stream_f32.cuh), else one per m16 tile (ops/gemm_stream.cuh's
+    mk_gemm_stream_run; a stage has at most READERS)."""
     if int(flags) & abi.FLAG_STREAM_NARROW:
         return boxes_of(flags)
+    if int(flags) & abi.FLAG_STREAM_F32:
+        return READERS
     return min(READERS, max(1, -(-rows // 16)))
 
 

@@ -24,7 +24,8 @@ B, both bf16, 64 columns wide with the 128-B swizzle; MK_STREAM_NARROW_READY for
 narrow streamed band (MK_FLAG_STREAM_NARROW: 32 columns x 128 rows, the 64-B swizzle);
 MK_TRANSPOSE_READY for a transpose's A and OUT (fp32, 32 columns x 128 rows, one page, the
 128-B swizzle: the loader copies A's tile in by four, the compute warps' thread 0 stores the
-transposed tile out by four). A tensor wanted several ways keeps the first of 128, narrow,
+transposed tile out by four) and for the B of an fp32 streamed band (MK_FLAG_STREAM_F32: a
+ring stage is one such box). A tensor wanted several ways keeps the first of 128, narrow,
 64, transpose, and a record that wanted another loads its operand itself, as does every
 record whose tensor TMA cannot describe (ready 0); a transpose takes its paged path only
 where both A and OUT have their maps. A request of a resident kernel passes a table's
@@ -63,7 +64,9 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     every GEMM record flagged MK_FLAG_STREAM alone and A of every MK_FLAG_WGMMA record
     (STREAM_BOX_ROWS); B of every narrow streamed record (STREAM_NARROW_READY) unless also
     wanted so; B of every MK_FLAG_WGMMA record (WGMMA_B_BOX_ROWS) unless also wanted either
-    way; A and OUT of every transpose record (TRANSPOSE_READY) unless a GEMM wants them.
+    way; A and OUT of every transpose record and B of every fp32 streamed record
+    (MK_FLAG_STREAM_F32: the same fp32 box of 32 columns x 128 rows, TRANSPOSE_READY) unless a
+    bf16 GEMM wants them.
     Sorted by slot."""
     if len(instrs) == 0:
         return {}
@@ -71,6 +74,8 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     transpose = instrs["opcode"] == abi.OPCODE_OF["transpose"]
     flags = instrs["flags"].astype(np.int64)
     streamed = gemm & ((flags & abi.FLAG_STREAM) != 0)
+    f32 = streamed & ((flags & abi.FLAG_STREAM_F32) != 0)
+    streamed &= ~f32
     narrow = streamed & ((flags & abi.FLAG_STREAM_NARROW) != 0)
     wide = gemm & ((flags & abi.FLAG_WGMMA) != 0)
     tall = set(instrs["tensor"][streamed & ~narrow, abi.ARG_B].tolist()) \
@@ -81,7 +86,8 @@ def map_boxes(instrs: np.ndarray) -> dict[int, int]:
     boxes.update({int(s): STREAM_NARROW_READY for s in slim})
     boxes.update({int(s): WGMMA_B_BOX_ROWS for s in short})
     flipped = (set(instrs["tensor"][transpose, abi.ARG_A].tolist())
-               | set(instrs["tensor"][transpose, abi.ARG_OUT].tolist())) - tall - slim - short
+               | set(instrs["tensor"][transpose, abi.ARG_OUT].tolist())
+               | set(instrs["tensor"][f32, abi.ARG_B].tolist())) - tall - slim - short
     boxes.update({int(s): TRANSPOSE_READY for s in flipped})
     return dict(sorted(boxes.items()))
 

@@ -71,64 +71,14 @@ static void fail(const char* what)
     g_failed = true;
 }
 
-struct mk_copy { mk_u32 dst; const float* src; mk_u32 bytes; };
-struct mk_thread_copies { std::vector<std::vector<mk_copy>> groups; std::vector<mk_copy> open; };
-static thread_local mk_thread_copies t_copies;
-
 static inline mk_u32 mk_smem_addr(const void* p)
 {
     return (mk_u32)(static_cast<const unsigned char*>(p) - g_smem);
 }
 
-static void land(const mk_copy& c)
-{
-    float v[4] = {0.f, 0.f, 0.f, 0.f};
-    if (c.bytes)
-        std::memcpy(v, c.src, c.bytes);
-    std::memcpy(g_smem + c.dst, v, 16);
-}
+static inline mk_u32 smem_bytes() { return (mk_u32)(N_PHYS * MK_PAGE_BYTES); }
 
-static inline void mk_cp_async_f4z(mk_u32 smem, const float* gmem, mk_u32 src_bytes)
-{
-    if (smem % 16 || smem + 16 > (mk_u32)(N_PHYS * MK_PAGE_BYTES) || src_bytes > 16 ||
-        src_bytes % 4 || reinterpret_cast<std::uintptr_t>(gmem) % 16)
-        fail("a cp.async outside the pages, misaligned, or of more than 16 bytes");
-    const mk_copy c = {smem, gmem, src_bytes};
-    if (g_late)
-        t_copies.open.push_back(c);
-    else
-        land(c);
-}
-
-static inline void mk_cp_async_f4z_policy(mk_u32 smem, const float* gmem, mk_u32 src_bytes,
-                                          mk_u64)
-{
-    mk_cp_async_f4z(smem, gmem, src_bytes);
-}
-
-static inline void mk_cp_async_commit()
-{
-    t_copies.groups.push_back(t_copies.open);
-    t_copies.open.clear();
-}
-
-static void wait_groups(int keep)
-{
-    while ((int)t_copies.groups.size() > keep) {
-        for (const mk_copy& c : t_copies.groups.front())
-            land(c);
-        t_copies.groups.erase(t_copies.groups.begin());
-    }
-}
-
-template <int N>
-static inline void mk_cp_async_wait_group()
-{
-    wait_groups(N);
-}
-
-static inline mk_u64 mk_policy_evict_first() { return 1; }
-static inline mk_u64 mk_policy_evict_normal() { return 2; }
+#include "cp_async.h"
 
 static thread_local std::mt19937 t_rng;
 

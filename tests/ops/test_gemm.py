@@ -4,7 +4,6 @@ import pytest
 import megak
 from megak import abi
 from megak.ops import gemm, reduce
-from tests.random_dags import random_layer_chain
 from tests.reference import check_graph, check_outputs
 
 SHAPES = [(1, 1, 1), (7, 5, 3), (129, 7, 130), (300, 129, 1), (128, 128, 128),
@@ -71,9 +70,12 @@ def test_fused_epilogue_fp32(backend, rng, m, k, n, epi):
     want = gemm.epilogue_flags(g.ops[0])
     by_op = prog.stats["instructions_per_opcode"]
     is_gemm = ins["opcode"] == abi.OPCODE_OF["gemm"]
-    # b is a graph input: every GEMM instruction may have it loaded before its waits
+    # b is a graph input: every GEMM instruction may have it loaded before its waits; at most
+    # 16 rows stream it (tests/ops/test_gemm_stream_f32.py)
     assert (ins["flags"][is_gemm] & abi.FLAG_B_READY).all()
-    flags = ins["flags"].astype(np.int64) & ~abi.FLAG_B_READY
+    stream = abi.FLAG_STREAM | abi.FLAG_STREAM_F32
+    assert ((ins["flags"][is_gemm] & stream) == (stream if m <= 16 else 0)).all()
+    flags = ins["flags"].astype(np.int64) & ~(abi.FLAG_B_READY | stream)
     if "reduce" in by_op:   # split-K: plain partials, the epilogue fused into the reduce
         assert (flags[is_gemm] == 0).all()
         assert (flags[ins["opcode"] == reduce.OP.opcode] == want).all()
@@ -157,8 +159,14 @@ def test_activations_far_out_reach_their_limits_without_warnings():
 
 
 # ---- the short fp32 tile (device/ops/gemm_f32_short.cuh): <= 16 rows ------------------------
+# (a B that is a graph input streams at these rows: each test here makes its B in the graph)
 
 SHORT_ROWS = abi.OP_SHAPES["MK_GEMM_F32_SHORT_ROWS"]
+
+
+def _made(g, name, shape):
+    """A graph input copied by the graph: a B with a producer, which takes the tiles."""
+    return g.copy(g.input(name, shape, "float32"))
 
 
 def _gemm_records(prog):
@@ -173,7 +181,7 @@ def test_short_fp32_tiles(backend, rng, m, k, n):
     # partial slice to 32 (the ring's stages reused), column tails, the loader's first stages
     g = megak.Graph()
     a = g.input("a", (m, k), "float32")
-    g.output(g.gemm(a, g.input("b", (k, n), "float32")), "c")
+    g.output(g.gemm(a, _made(g, "b", (k, n))), "c")
     prog = megak.compile(g, backend=backend, **({"n_sm": 3} if backend == "sim" else {}))
     assert all(gemm.f32_short(r) for r in _gemm_records(prog))
     out = {"c": np.full((m, n), np.nan, np.float32)}     # poisoned: every element written
@@ -184,8 +192,8 @@ def test_short_fp32_tiles(backend, rng, m, k, n):
 
 @pytest.mark.parametrize("epi", EPILOGUES, ids=lambda e: "+".join(f"{k}={v}" for k, v in e.items()) or "plain")
 def test_short_fp32_chain_split_over_k(backend, rng, epi):
-    # a batch-16 layer chain: split-K partials of 16 rows (the loader's B before the wait:
-    # weights are graph inputs), their reduce and its epilogue, the next layer's A produced
+    # a batch-16 layer chain: split-K partials of 16 rows, their reduce and its epilogue, the
+    # next layer's A produced (weights made in the graph: weights that are inputs stream)
     g = megak.Graph()
     x = g.input("x", (16, 512), "float32")
     for i, (k, n) in enumerate([(512, 1024), (1024, 256), (256, 200)]):
@@ -194,12 +202,12 @@ def test_short_fp32_chain_split_over_k(backend, rng, epi):
             kw["bias"] = g.input(f"bias{i}", (n,), "float32")
         if kw.pop("residual", False):
             kw["residual"] = g.input(f"res{i}", (16, n), "float32")
-        x = g.gemm(x, g.input(f"w{i}", (k, n), "float32"), **kw)
+        x = g.gemm(x, _made(g, f"w{i}", (k, n)), **kw)
         g.output(x, f"h{i}")
     prog = megak.compile(g, backend=backend, **({"n_sm": 40} if backend == "sim" else {}))
     recs = _gemm_records(prog)
     assert "reduce" in prog.stats["instructions_per_opcode"]
-    assert (recs["flags"] & abi.FLAG_B_READY).all() and all(gemm.f32_short(r) for r in recs)
+    assert all(gemm.f32_short(r) for r in recs)
     for run in range(2):
         check_graph(prog, g, rng, f"short fp32 chain {epi} run {run}")
 
@@ -210,9 +218,10 @@ def test_short_fp32_page_plan():
     # 16 B, keep the 128 x 128 tile (the loader fills nothing)
     g = megak.Graph()
     x = g.input("x", (16, 1000), "float32")
-    y = g.gemm(x, g.input("w", (1000, 300), "float32"))
-    g.output(g.gemm(y, g.input("v", (300, 40), "float32")), "z")
-    recs = _gemm_records(megak.compile(g, backend="sim", n_sm=2))
+    y = g.gemm(x, _made(g, "w", (1000, 300)))
+    g.output(g.gemm(y, _made(g, "v", (300, 40))), "z")
+    recs = _gemm_records(megak.compile(g, backend="sim", n_sm=2)).copy()
+    recs["flags"] |= abi.FLAG_B_READY    # as for weights the stream does not take
     stages = abi.OP_SHAPES["MK_GEMM_F32_SHORT_STAGES"]
     preload = abi.OP_SHAPES["MK_GEMM_F32_SHORT_PRELOAD_STAGES"]
     slices = -(-int(recs[0]["klen"]) // abi.OP_SHAPES["MK_GEMM_BK"])
@@ -240,8 +249,9 @@ def test_short_fp32_page_plan():
 @pytest.mark.gpu
 @pytest.mark.parametrize("what", ["a_offset", "b_offset", "a_ld", "aligned_padded"])
 def test_short_fp32_caller_tensors(rng, what):
-    # a caller's GPU tensors as they come: an origin off 16 B or a row pitch not a multiple
-    # of 4 floats take the 128 x 128 tile; padded, aligned rows take the short one
+    # a caller's GPU tensors as they come, B a graph input, so streamed: A's origin off 16 B
+    # or its row pitch not a multiple of 4 floats copy A with scalar loads, B's origin off
+    # 16 B gets no tensor map (B copied by the op itself); padded, aligned rows take the ring
     torch = pytest.importorskip("torch")
     from megak.runtime.driver import gpu_usable
     if not gpu_usable():
@@ -275,14 +285,20 @@ def test_short_fp32_caller_tensors(rng, what):
 @pytest.mark.gpu
 def test_short_fp32_stress_random_chains():
     # random fp32 layer chains of 1-16 rows (split or not, epilogues, odd widths) run again
-    # and again: the loader's stages and the op's ring from instruction to instruction
+    # and again: the loader's stages and the op's ring from instruction to instruction (the
+    # weights made in the graph: weights that are inputs stream)
     from megak.runtime.driver import gpu_usable
     if not gpu_usable():
         pytest.skip("needs a GPU")
     rng = np.random.default_rng(31)
     for case in range(10):
-        g, m, widths = random_layer_chain(rng, "float32", [1, 2, 7, 8, 9, 15, 16],
-                                          [3, 64, 100, 257, 1000, 1024, 2048])
+        m = int(rng.choice([1, 2, 7, 8, 9, 15, 16]))
+        widths = [int(rng.choice([3, 64, 100, 257, 1000, 1024, 2048])) for _ in range(3)]
+        g = megak.Graph()
+        x = g.input("x", (m, widths[0]), "float32")
+        for i, (k, n) in enumerate(zip(widths[:-1], widths[1:])):
+            x = g.gemm(x, _made(g, f"w{i}", (k, n)), activation="relu" if i % 2 else None)
+            g.output(x, f"h{i}")
         prog = megak.compile(g, backend="cuda")
         assert all(gemm.f32_short(r) for r in _gemm_records(prog))
         for run in range(5):

@@ -210,7 +210,7 @@ def test_split_rule():
     assert gemm.stream_split(16, 17, 37, "bfloat16", True, 132) == (1, 128)
     assert gemm.stream_split(16, 300, 200, "bfloat16", True, 4) == (1, 384)
     assert gemm.stream_split(65, 1024, 1024, "bfloat16", True, 132) is None   # > 64 rows
-    assert gemm.stream_split(16, 1024, 1024, "float32", True, 132) is None    # fp32
+    assert gemm.stream_split(17, 1024, 1024, "float32", True, 132) is None    # fp32 > 16 rows
     assert gemm.stream_split(16, 1024, 1024, "bfloat16", False, 132) is None  # B produced
 
 
@@ -232,7 +232,7 @@ def test_bf16_few_rows_with_weights_are_streamed(m, k, n):
         assert partials[0].kind == "intermediate"
 
 
-@pytest.mark.parametrize("m,dtype", [(16, "float32"), (65, "bfloat16")])
+@pytest.mark.parametrize("m,dtype", [(17, "float32"), (65, "bfloat16")])
 def test_fp32_or_more_rows_keep_tiles(m, dtype):
     g = stream_graph(m, 1024, 1024, dtype=dtype)
     plan = scheduler.build_plan(g, n_sm=N_SM)
@@ -378,7 +378,8 @@ def _flags_by_graph_op(plan, g, flag):
     ("bfloat16", 16, N_SM, True),     # y1 streamed; y2 (B produced) split-K
     ("bfloat16", 200, 3, False),      # 2 wgmma tiles (128 x 256) for 3 SMs: no split
     ("bfloat16", 200, N_SM, True),    # bf16 split-K partials
-    ("float32", 16, N_SM, True)])     # fp32 split-K partials
+    ("float32", 16, N_SM, True),      # y1 streamed (fp32 bands); y2 split-K
+    ("float32", 17, N_SM, True)])     # fp32 split-K partials
 def test_b_ready_exactly_when_b_is_a_graph_input(dtype, m, n_sm, split):
     g = megak.Graph()
     x = g.input("x", (m, 1024), dtype)
@@ -393,7 +394,7 @@ def test_b_ready_exactly_when_b_is_a_graph_input(dtype, m, n_sm, split):
     stream = _flags_by_graph_op(plan, g, abi.FLAG_STREAM)
     assert ready[w_made.producer].all() and ready[y1.producer].all()
     assert not ready[y2.producer].any() and not stream[y2.producer].any()
-    assert stream[y1.producer].all() == (dtype == "bfloat16" and m <= 64)
+    assert stream[y1.producer].all() == (m <= (64 if dtype == "bfloat16" else 16))
     assert not (plan.instrs["flags"][plan.instrs["opcode"] != abi.OPCODE_OF["gemm"]]
                 & (abi.FLAG_B_READY | abi.FLAG_STREAM)).any()
     assert ("reduce" in scheduler.stats(plan)["instructions_per_opcode"]) == split

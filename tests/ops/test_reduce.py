@@ -9,10 +9,12 @@ from megak.ops import gemm, reduce
 from tests.reference import check_graph
 
 
-def skinny(m=16, k=1024, n=300, dtype="float32", **epi):
+def skinny(m=16, k=1024, n=300, dtype="float32", made_b=False, **epi):
+    """a @ b with the epilogue `epi`; made_b: b copied by the graph first (an fp32 GEMM of at
+    most 16 rows streams a b that is an input instead of splitting K: test_gemm_stream_f32)."""
     g = megak.Graph()
     a = g.input("a", (m, k), dtype)
-    b = g.input("b", (k, n), dtype)
+    b = g.copy(g.input("b", (k, n), dtype)) if made_b else g.input("b", (k, n), dtype)
     kw = {}
     if epi.get("bias"):
         kw["bias"] = g.input("bias", (n,), dtype)
@@ -36,7 +38,7 @@ def test_split_decision():
 
 
 def test_split_plan_structure():
-    g = skinny(m=16, k=1024, n=256)
+    g = skinny(m=17, k=1024, n=256)
     plan = scheduler.build_plan(g, n_sm=132)
     ins = plan.instrs
     part = ins[ins["opcode"] == abi.OPCODE_OF["gemm"]]
@@ -45,16 +47,16 @@ def test_split_plan_structure():
     assert splits > 1 and len(red) == 2
     # partials: A rows as the GEMM's, output rows in their split's block, K chunks tile K
     assert (part["row0"] == 0).all() and sorted(set(part["out_row0"])) == \
-        [16 * s for s in range(splits)]
+        [17 * s for s in range(splits)]
     # no epilogue on the partials; b is a graph input (MK_FLAG_B_READY)
     assert part["klen"].sum() == 2 * 1024 and (part["flags"] == abi.FLAG_B_READY).all()
-    assert (red["k0"] == 16).all() and (red["klen"] == splits).all()
+    assert (red["k0"] == 17).all() and (red["klen"] == splits).all()
     assert (red["out_row0"] == red["row0"]).all()
     # each reduce waits only on its column's partials (one column-band counter)
     assert (red["n_waits"] == 1).all() and (red["wait_target"][:, 0] == splits).all()
     assert any("split-K" in label for label in plan.op_labels)
     hidden = [t for t in plan.tensors if t.name.endswith("_partials")]
-    assert len(hidden) == 1 and hidden[0].shape == (16 * splits, 256)
+    assert len(hidden) == 1 and hidden[0].shape == (17 * splits, 256)
 
 
 @pytest.mark.parametrize("epi", [{}, {"bias": True, "activation": "gelu"},
@@ -66,7 +68,7 @@ def test_split_plan_structure():
 @pytest.mark.parametrize("m,k,n", [(1, 300, 7), (16, 1024, 300), (130, 512, 129),
                                    (16, 1280, 130), (5, 2000, 40), (16, 4096, 256)])
 def test_split_k_matches_float64(backend, rng, m, k, n, epi):
-    g = skinny(m, k, n, **epi)
+    g = skinny(m, k, n, made_b=m <= 16, **epi)
     prog = megak.compile(g, backend=backend, **({"n_sm": 132} if backend == "sim" else {}))
     check_graph(prog, g, rng, f"split-K {m}x{k}x{n} {epi}")
     assert "reduce" in prog.stats["instructions_per_opcode"]

@@ -92,7 +92,8 @@ __device__ __forceinline__ bool mk_gemm_check_operands(const mk_instr& in, const
     if (in.flags & MK_FLAG_STREAM) {
         /* out_row0 is the band's combine counter; parts' rows in the partials tensor */
         const mk_u32 parts = mk_stream_parts(in);
-        return op[MK_ARG_A].dtype == MK_DTYPE_BF16 && mk_epilogue_operands_ok_at(in, op, in.row0) &&
+        const mk_u32 dtype = mk_stream_f32(in) ? MK_DTYPE_F32 : MK_DTYPE_BF16;
+        return op[MK_ARG_A].dtype == dtype && mk_epilogue_operands_ok_at(in, op, in.row0) &&
                mk_tensor_region_ok(op[MK_ARG_A], in.row0, in.rows, in.k0, in.klen) &&
                mk_tensor_region_ok(op[MK_ARG_B], in.k0, in.klen, in.col0, in.cols) &&
                (parts <= 1 || (op[MK_ARG_SPARE].dtype == MK_DTYPE_F32 &&
@@ -322,6 +323,9 @@ __device__ __forceinline__ void mk_gemm_run(const mk_instr& in, const mk_tensor*
             else if (form == MK_STREAM_ROWS8)
                 mk_gemm_stream<MK_STREAM_ROWS8>(in, op, pages.base, pages.idx, stream,
                                                 pages.released);
+            else if (form == MK_STREAM_F32)
+                mk_gemm_stream<MK_STREAM_F32>(in, op, pages.base, pages.idx, stream,
+                                              pages.released);
             else if (form == MK_STREAM_DIRECT)
                 mk_gemm_stream<MK_STREAM_DIRECT>(in, op, pages.base, pages.idx, stream,
                                                  pages.released);

@@ -1,6 +1,8 @@
 /* MK_OP_GEMM with MK_FLAG_STREAM: a bf16 GEMM of at most MK_STREAM_M (64) rows whose B is a
  * graph input (weights): B arrives through the block's weight ring (stream.cuh), A from L2
- * into shared memory by cp.async, fp32 accumulate, the epilogue of gemm_epilogue.cuh.
+ * into shared memory by cp.async, fp32 accumulate, the epilogue of gemm_epilogue.cuh. An fp32
+ * GEMM of at most 16 rows takes the same ring, reduce, combine and store with a k loop of its
+ * own (MK_FLAG_STREAM_F32, gemm_stream_f32.cuh).
  *
  * What it is for: a layer at batch 1..64. Its bytes are B's (M flops per byte: the tensor
  * cores idle, HBM is the limit), so the lowering (megak/ops/gemm.py) cuts B into boxes of
@@ -120,16 +122,23 @@ __device__ __forceinline__ bool mk_stream_narrow(const mk_instr& in)
     return (in.flags & MK_FLAG_STREAM_NARROW) != 0u;
 }
 
+/* An fp32 band (MK_FLAG_STREAM_F32, ops/gemm_stream_f32.cuh). */
+__device__ __forceinline__ bool mk_stream_f32(const mk_instr& in)
+{
+    return (in.flags & MK_FLAG_STREAM_F32) != 0u;
+}
+
 __device__ __forceinline__ bool mk_gemm_stream_check(const mk_instr& in)
 {
     const mk_u32 parts = mk_stream_parts(in);
-    const bool narrow = mk_stream_narrow(in);
-    return in.rows >= 1 && in.rows <= (narrow ? 16 : MK_STREAM_TILE_M) && in.cols >= 1 &&
-           in.cols <= (narrow ? MK_STREAM_NARROW_COLS : MK_STREAM_BOX_COLS) && in.klen >= 1 &&
-           in.k0 >= 0 && in.row0 >= 0 &&
+    const bool narrow = mk_stream_narrow(in), f32 = mk_stream_f32(in);
+    const int max_cols = narrow ? MK_STREAM_NARROW_COLS : f32 ? MK_STREAM_F32_COLS
+                                                              : MK_STREAM_BOX_COLS;
+    return in.rows >= 1 && in.rows <= (narrow || f32 ? 16 : MK_STREAM_TILE_M) && in.cols >= 1 &&
+           in.cols <= max_cols && in.klen >= 1 && in.k0 >= 0 && in.row0 >= 0 &&
            in.col0 >= 0 && parts >= 1 && mk_stream_part(in) < parts &&
            (!narrow || parts == 1) &&   /* a narrow band stores its sums itself */
-           in.pages >= MK_STREAM_PAGES && mk_epilogue_check(in);
+           !(narrow && f32) && in.pages >= MK_STREAM_PAGES && mk_epilogue_check(in);
 }
 
 /* k-rows of one ring stage of record `in`: one box of 128, or two stacked for a narrow band
@@ -149,7 +158,8 @@ __device__ __forceinline__ bool mk_stream_second_box(const mk_instr& in, mk_u32 
 /* Columns of one band of record `in`: a page holds one stage of one band. */
 __device__ __forceinline__ mk_u32 mk_stream_band_cols(const mk_instr& in)
 {
-    return mk_stream_narrow(in) ? (mk_u32)MK_STREAM_NARROW_COLS : (mk_u32)MK_STREAM_BOX_COLS;
+    return mk_stream_narrow(in) ? (mk_u32)MK_STREAM_NARROW_COLS
+         : mk_stream_f32(in)    ? (mk_u32)MK_STREAM_F32_COLS : (mk_u32)MK_STREAM_BOX_COLS;
 }
 
 /* B's packed pages (instr.h, mk_packed_b) in map slot b of the table, one 16-B load (the
@@ -186,6 +196,8 @@ __device__ __forceinline__ mk_u32 mk_gemm_stream_stages(const mk_instr& in, cons
     const mk_u32 ready = mk_ld_relaxed(mk_tmap_ready(p) + b);
     const mk_u32 rows = mk_stream_stage_rows(in);
     const mk_u32 stages = ((mk_u32)in.klen + rows - 1) / rows;
+    if (mk_stream_f32(in))   /* B's fp32 map, a transpose's box; never packed */
+        return ready == (mk_u32)MK_TRANSPOSE_READY ? stages : 0u;
     if (ready == (narrow ? (mk_u32)MK_STREAM_NARROW_READY : (mk_u32)MK_STREAM_BOX_ROWS))
         return stages;
     if (!MK_BUILT(MK_BODY_STREAM_PACKED) ||
@@ -700,6 +712,9 @@ __device__ __forceinline__ void mk_stream_kloop_copied(const mk_instr& in, const
     mk_cp_async_wait_all();
 }
 
+/* The fp32 bands' k loops, in the accumulator layout of the ones above. */
+#include "gemm_stream_f32.cuh"
+
 /* Rows [16 mt, 16 mt + 16) of the 8 warps' accumulators -> their sum: through pages 1-2
  * (warp w's 16 x 64 partial at page 1 + w / 4, slot w % 4), pair p of row r at pair
  * p ^ 4 (r & 7): the fragment stores and the row reads take the fewest wavefronts. Thread t
@@ -909,13 +924,17 @@ enum mk_stream_form {
     MK_STREAM_NARROW = 1,   /* a narrow band of 9-16 rows read from the ring (one part:
                                mk_gemm_stream_check) */
     MK_STREAM_ROWS8 = 2,    /* a narrow band of at most 8 rows read from the ring */
-    MK_STREAM_DIRECT = 3    /* a band of 64 columns and one part read from the ring */
+    MK_STREAM_DIRECT = 3,   /* a band of 64 columns and one part read from the ring */
+    MK_STREAM_F32 = 4       /* an fp32 band of one part read from the ring
+                               (MK_FLAG_STREAM_F32) */
 };
 
 __device__ __forceinline__ mk_stream_form mk_gemm_stream_form(const mk_instr& in, bool ring)
 {
     if (!ring)
         return MK_STREAM_ANY;
+    if (mk_stream_f32(in))
+        return mk_stream_parts(in) <= 1 ? MK_STREAM_F32 : MK_STREAM_ANY;
     if (mk_stream_narrow(in))
         return in.rows <= 8 ? MK_STREAM_ROWS8 : MK_STREAM_NARROW;
     return mk_stream_parts(in) <= 1 ? MK_STREAM_DIRECT : MK_STREAM_ANY;
@@ -931,6 +950,7 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
     const bool ring = !any || pages.stream_stages > 0;
     const bool narrow = FORM == MK_STREAM_NARROW || FORM == MK_STREAM_ROWS8 ||
                         (any && mk_stream_narrow(in));
+    const bool f32 = FORM == MK_STREAM_F32 || (any && mk_stream_f32(in));
     const bool rows8 = FORM == MK_STREAM_ROWS8 || (any && in.rows <= 8);
     const bool direct = !any || mk_stream_parts(in) <= 1;
     float acc[2][8][4];
@@ -942,7 +962,12 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
             for (int e = 0; e < 4; ++e)
                 acc[mt][n][e] = 0.f;
     const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
-    if (ring) {
+    if (f32) {                                /* checked: rows <= 16, one m16 tile */
+        if (ring)
+            mk_stream_kloop_ring_f32(in, op, pages, acc);
+        else
+            mk_stream_kloop_copied_f32(in, op, pages, acc);
+    } else if (ring) {
         if (narrow && rows8)
             mk_stream_kloop_ring_rows8(in, op, pages, acc);
         else if (narrow)                      /* checked: rows <= 16 */
@@ -961,7 +986,7 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
     /* an instruction that read the ring holds the streamer from here to its signal's fence
      * (stream.cuh, "The hold") */
     float2 sums[2][2];
-    if (MK_NARROW_REDUCE && ring && narrow && direct)
+    if (MK_NARROW_REDUCE && ring && (narrow || f32) && direct)
         mk_stream_reduce_narrow(pages, acc, true, sums);
     else
         mk_stream_reduce(pages, acc, in.rows, ring, direct, sums);
