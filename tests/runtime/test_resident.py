@@ -132,8 +132,10 @@ def test_a_program_added_while_it_runs(rng):
     ga = chain_graph(2)
     # compiled before the kernel is resident: a module's load waits for a kernel that holds
     # every SM (tools/probe_module_load.py); its queues are uploaded by then as well
-    gc_ = chain_graph(4, m=32, n=128)
+    gc_ = chain_graph(4, m=8, n=128)
     with megak.compile(ga, backend="cuda") as a, megak.compile(gc_, backend="cuda") as c:
+        # the premise: c needs no op body a's build lacks, so adding it widens nothing
+        assert not c._executor.bodies & ~a._executor.bodies
         ca = Case(ga, rng)
         x = {n: rng.uniform(-1, 1, t.shape).astype(np.float32) for n, t in gc_.inputs.items()}
         torch.cuda.synchronize()
@@ -173,8 +175,8 @@ def test_it_runs_its_programs_bodies_and_a_wider_build_for_an_added_one(rng):
             cases[0].poison()
             first = r.submit(a, out={"y": cases[0].y}, **cases[0].inputs)
             r.add(b)
-            assert k.bodies == a._executor.bodies | b._executor.bodies
-            assert k.bodies & abi.BODY_GEMM_TILED
+            assert k.bodies == a._executor.bodies | b._executor.bodies != a._executor.bodies
+            assert k.bodies & (abi.BODY_GEMM_TILED | abi.BODY_GEMM_STREAM)
             first.wait()
             cases[0].check("the request before the wider build")
             cb.poison()
