@@ -36,7 +36,8 @@ def resolve_backend(backend: str | None) -> str:
 
 
 def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None,
-            n_pages: int | None = None, data_flags: bool = True, **options) -> "Program":
+            n_pages: int | None = None, data_flags: bool = True, weight_stream: bool = True,
+            **options) -> "Program":
     """Lower, schedule and encode `graph` into per-SM instruction queues, ready to run.
 
     backend: "cuda" (the graph as one persistent kernel on the GPU) or "sim" (the CPU
@@ -52,6 +53,10 @@ def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None
         (each element and the run's stamp in one 64-bit word, polled by its readers) instead
         of a counter signalled after a release fence: one L2 round trip per dependent step
         instead of three (README "How it works"). Default True; False: counters everywhere.
+    weight_stream: stream the weights of skinny GEMMs (bf16 of at most 64 rows, fp32 of at
+        most 16) whose B is a graph input through each SM's weight ring, fetched ahead across
+        instructions (README "How it works"). Default True; False: such GEMMs lower as tiles
+        (split-K and a reduce where K is long), as they would with a computed B.
 
     Options, keywords: every backend accepts and checks all of them but uses only its own,
     so one call works on whichever backend is picked.
@@ -88,9 +93,12 @@ def compile(graph: Graph, backend: str | None = None, *, n_sm: int | None = None
         memory = None                   # this host's physical memory
     if not isinstance(data_flags, bool):
         raise GraphError(f"compile(): data_flags={data_flags!r} must be True or False")
+    if not isinstance(weight_stream, bool):
+        raise GraphError(f"compile(): weight_stream={weight_stream!r} must be True or False")
     plan = scheduler.build_plan(graph, n_sm=default_sms if n_sm is None else n_sm,
                                 n_pages=default_pages if n_pages is None else n_pages,
-                                memory_bytes=memory, data_flags=data_flags)
+                                memory_bytes=memory, data_flags=data_flags,
+                                weight_stream=weight_stream)
     return Program(plan, backend, **options)
 
 

@@ -64,15 +64,17 @@ MAX_INSTRUCTIONS = 1 << 24
 
 
 def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
-               memory_bytes: int | None = None, data_flags: bool = True) -> Plan:
+               memory_bytes: int | None = None, data_flags: bool = True,
+               weight_stream: bool = True) -> Plan:
     """Lower, place and check `graph` for `n_sm` SMs of `n_pages` pages each; refuse it when
     its tensors need more than `memory_bytes` (default: this host's physical memory).
     `data_flags`: small intermediates between flag_io ops carry their own flags
-    (flagged_tensors) instead of counters."""
+    (flagged_tensors) instead of counters. `weight_stream`: skinny GEMMs with input weights
+    stream them (ExpandContext.weight_stream)."""
     graph.validate()
     if n_sm < 1:
         raise GraphError(f"n_sm must be >= 1, got {n_sm}")
-    units, hidden, dropped = lowering_units(graph, n_sm, n_pages)
+    units, hidden, dropped = lowering_units(graph, n_sm, n_pages, weight_stream)
     check_size(graph, units, hidden, host_memory_bytes() if memory_bytes is None
                else memory_bytes)
     producer = {u.output.index: u.index for u in units}   # tensor slot -> unit writing it
@@ -322,7 +324,8 @@ def stream_pages(ins: np.ndarray, n_pages: int) -> int:
     return pages.ring_pages(n_pages, int(ins["pages"].max()))
 
 
-def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):
+def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
+                   weight_stream: bool = True):
     """Graph ops -> the units the ops lower, the hidden tensors they add, and the labels of
     the ops dropped because no output depends on them."""
     live = _live_ops(graph)
@@ -361,7 +364,8 @@ def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES):
         if fused is None:
             writer[op.output.index] = len(units)
             units.append(Unit.of(op))
-    ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors), n_pages=n_pages)
+    ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors), n_pages=n_pages,
+                        weight_stream=weight_stream)
     expanded = [part for u in units if u is not None
                 for part in REGISTRY[u.kind].expand(u, ctx)]
     return [u.with_(index=i) for i, u in enumerate(expanded)], ctx.hidden, dropped

@@ -1434,3 +1434,42 @@ def test_the_recorded_commit_is_the_named_one_where_the_caller_names_it(monkeypa
     monkeypatch.setenv("MEGAK_COMMIT", " ")
     monkeypatch.setattr(R, "_run_text", lambda cmd, cwd=None: "" if "status" in cmd else "def5678")
     assert R.megak_commit() == "def5678"
+
+
+def test_separate_launches_of_an_fp32_stream_run_the_tiles(rng):
+    # an fp32 chain of at most 16 rows streams its weights in the megakernel; its separate
+    # launches time a program lowered without the stream (peer_lowering), checked as usual
+    seen = []
+
+    class Seen(SimBench):
+        lazy = ("separate",)     # and a peer that skips work still fails its check
+
+        def __init__(self, prog):
+            super().__init__(prog)
+            seen.append(self)
+    w = W.w2(hidden=64, layers=2, batch=8, dtype="float32")
+    res, fails, notes = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                           log=lambda *a: None, backend="sim", bench_cls=Seen)
+    assert [r["variant"] for r in res][:4] == ["megak", "megak_trace", "graph", "graph_pdl"]
+    assert [f["variant"] for f in fails] == ["separate"]
+    own, peer = (b.prog.plan.instrs["flags"] for b in seen[:2])
+    assert (own & megak.abi.FLAG_STREAM_F32).any() and not (peer & megak.abi.FLAG_STREAM).any()
+    assert R.peer_lowering(seen[0].prog.plan) == {"weight_stream": False}
+    assert any("weight_stream" in n for n in notes)
+    assert all(b.closed for b in seen)
+
+
+def test_separate_launches_of_a_bf16_stream_run_the_same_program(rng):
+    seen = []
+
+    class Seen(SimBench):
+        def __init__(self, prog):
+            super().__init__(prog)
+            seen.append(self)
+    w = W.w2(hidden=64, layers=2, batch=8, dtype="bfloat16")
+    res, fails, notes = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                           log=lambda *a: None, backend="sim", bench_cls=Seen)
+    assert fails == [] and len(seen) == 2     # the workload's Bench and megak_const's
+    assert R.peer_lowering(seen[0].prog.plan) == {}
+    assert not any("weight_stream" in n for n in notes)
+    assert all(b.closed for b in seen)

@@ -107,3 +107,32 @@ def test_data_flags_must_be_a_bool(value):
     assert "data_flags" in megak.compile.__doc__
     assert not any(t.flagged for t in megak.compile(g, backend="sim",
                                                       data_flags=False).plan.tensors)
+
+
+@pytest.mark.parametrize("dtype, rows", [("float32", 16), ("bfloat16", 64)])
+def test_weight_stream_false_lowers_input_weights_as_tiles(dtype, rows, rng):
+    g = megak.Graph()
+    x, w = g.input("x", (rows, 256), dtype), g.input("w", (256, 512), dtype)
+    g.output(g.gemm(x, w), "y")
+    streamed = megak.compile(g, backend="sim").plan.instrs["flags"]
+    tiled = megak.compile(g, backend="sim", weight_stream=False)
+    assert (streamed & megak.abi.FLAG_STREAM).all()
+    assert not (tiled.plan.instrs["flags"] & megak.abi.FLAG_STREAM).any()
+    a = rng.standard_normal((rows, 256)).astype(np.float32)
+    b = rng.standard_normal((256, 512)).astype(np.float32)
+    if dtype == "bfloat16":
+        a, b = a.astype(megak.bfloat16), b.astype(megak.bfloat16)
+    got = tiled.run(x=a, w=b)["y"].astype(np.float64)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    # fp32 sums of 256 products; bf16 output rounded to 8 bits of mantissa
+    tol = 1e-4 if dtype == "float32" else 2.0 ** -8
+    assert np.abs(got - ref).max() <= tol * np.abs(ref).max()
+    assert "weight_stream" in megak.compile.__doc__
+
+
+@pytest.mark.parametrize("value", [0, "no", None])
+def test_weight_stream_must_be_a_bool(value):
+    g = megak.Graph()
+    g.output(g.copy(g.input("x", (1, 8))), "y")
+    with pytest.raises(megak.GraphError, match="weight_stream"):
+        megak.compile(g, backend="sim", weight_stream=value)

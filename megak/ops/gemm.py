@@ -209,8 +209,9 @@ class Gemm(OpDef):
         if unit.attrs.get("split") or unit.attrs.get("stream"):
             return [unit]
         a, b = unit.inputs[:2]
-        stream = stream_split(a.rows, a.cols, b.cols, a.dtype,
-                              getattr(b, "producer", -1) is None, ctx.n_sm)
+        stream = ctx.weight_stream and stream_split(a.rows, a.cols, b.cols, a.dtype,
+                                                    getattr(b, "producer", -1) is None,
+                                                    ctx.n_sm)
         if stream:
             parts, chunk = stream
             if a.dtype == "bfloat16" and stream_narrow(a.rows, b.cols, parts, ctx.n_sm):
