@@ -14,7 +14,8 @@ import pytest
 
 import megak
 from benchmarks import workloads as W
-from benchmarks.report import L2_FLUSH_BYTES, time_bench_variant
+from benchmarks.report import (L2_FLUSH_BYTES, SEPARATE_VARIANTS, peer_lowering,
+                               time_bench_variant)
 
 pytestmark = pytest.mark.gpu
 
@@ -24,28 +25,36 @@ ROUNDS = {"W1": 20, "W2-1024x16-fp32": 30, "W3-4096-fp32": 5}
 
 @pytest.fixture(scope="module")
 def bench_for():
-    """workload name -> (workload, reference, Bench) built once per module; closed at the end."""
+    """(workload name, variant) -> (workload, reference, Bench) built once per module, the
+    separate launches on the lowering the report times them on (peer_lowering); closed at the
+    end."""
     from megak.runtime.bench import Bench
-    built, progs = {}, []
+    built, benches, progs = {}, {}, []
 
-    def get(name):
+    def get(name, variant):
         if name not in built:
             w = W.get(name)
             rng = np.random.default_rng()
             inputs = w.make_inputs(rng)
-            ref = w.reference(inputs, rng)
-            prog = megak.compile(w.build(), backend="cuda")
+            built[name] = (w, inputs, w.reference(inputs, rng))
+        w, inputs, ref = built[name]
+        lowering = {}
+        if variant in SEPARATE_VARIANTS:
+            lowering = peer_lowering(get(name, "megak")[2].prog.plan)
+        key = (name, tuple(sorted(lowering.items())))
+        if key not in benches:
+            prog = megak.compile(w.build(), backend="cuda", **lowering)
             progs.append(prog)
-            if w.plan_check is not None:
+            if w.plan_check is not None and not lowering:
                 w.plan_check(prog.plan)
-            w.check(ref, prog.run(**inputs), f"{name}: prog.run")
+            w.check(ref, prog.run(**inputs), f"{name}: prog.run {lowering}")
             b = Bench(prog)
             b.upload(**inputs)
-            built[name] = (w, ref, b)
-        return built[name]
+            benches[key] = b
+        return w, ref, benches[key]
 
     yield get
-    for _, _, b in built.values():
+    for b in benches.values():
         b.close()
     for p in progs:
         p.close()
@@ -54,7 +63,7 @@ def bench_for():
 @pytest.mark.parametrize("variant", ["megak", "separate", "graph", "graph_pdl"])
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_variant(benchmark, bench_for, name, variant):
-    w, ref, b = bench_for(name)
+    w, ref, b = bench_for(name, variant)
     flush = w.working_set_bytes <= L2_FLUSH_BYTES
     event_us = []
 
