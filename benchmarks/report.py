@@ -948,13 +948,17 @@ def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
         time_on(bench, [v for v in bench_variants if v not in separate
                         and (v != "megak" or run_ok)])
         lowering = peer_lowering(prog.plan)
-        if lowering:
-            stage = "the separate launches' program"
-            peer_prog = megak.compile(w.build(), backend=backend, **lowering)
-            peer = bench_cls(peer_prog)
-            peer.upload(**inputs)
-            notes.append(f"separate launches: lowered with {lowering} ({PEER_LOWERING_WHY})")
-        time_on(bench if peer is None else peer, separate)
+        try:
+            if lowering:
+                peer_prog = megak.compile(w.build(), backend=backend, **lowering)
+                peer = bench_cls(peer_prog)
+                peer.upload(**inputs)
+                notes.append(f"separate launches: lowered with {lowering} "
+                             f"({PEER_LOWERING_WHY})")
+            time_on(bench if peer is None else peer, separate)
+        except Exception as exc:   # the megakernel's rows stand; its traced run follows
+            for v in separate:
+                fail(v, "the separate launches' program", exc)
         megak_row = next((r for r in results if r["variant"] == "megak"), None)
         if megak_row is not None and w.weight_bytes:
             megak_row["bytes_in_flight_per_sm"] = bytes_in_flight_per_sm(prog.stats)

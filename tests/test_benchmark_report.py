@@ -1473,3 +1473,20 @@ def test_separate_launches_of_a_bf16_stream_run_the_same_program(rng):
     assert R.peer_lowering(seen[0].prog.plan) == {}
     assert not any("weight_stream" in n for n in notes)
     assert all(b.closed for b in seen)
+
+
+def test_a_failed_peer_program_fails_only_the_separate_launches(rng, monkeypatch):
+    real = megak.compile
+
+    def compile_(graph, **kw):
+        if "weight_stream" in kw:
+            raise megak.GraphError("planted")
+        return real(graph, **kw)
+    monkeypatch.setattr(megak, "compile", compile_)
+    w = W.w2(hidden=64, layers=2, batch=8, dtype="float32")
+    res, fails, _ = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
+                                       log=lambda *a: None, backend="sim", bench_cls=SimBench)
+    assert [r["variant"] for r in res] == ["megak", "megak_trace"]
+    assert [f["variant"] for f in fails] == ["separate", "graph", "graph_pdl"]
+    assert all("planted" in f["error"] for f in fails)
+    assert "bubble" in res[0]
