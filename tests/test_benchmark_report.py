@@ -1436,20 +1436,26 @@ def test_the_recorded_commit_is_the_named_one_where_the_caller_names_it(monkeypa
     assert R.megak_commit() == "def5678"
 
 
-def test_separate_launches_of_an_fp32_stream_run_the_tiles(rng):
-    # an fp32 chain of at most 16 rows streams its weights in the megakernel; its separate
-    # launches time a program lowered without the stream (peer_lowering), checked as usual
+def _run_recording_benches(w, rng, lazy=()):
+    """run_gpu_workload on the simulator, with every stand-in Bench it made, in order."""
     seen = []
 
     class Seen(SimBench):
-        lazy = ("separate",)     # and a peer that skips work still fails its check
-
         def __init__(self, prog):
             super().__init__(prog)
+            self.lazy = lazy
             seen.append(self)
-    w = W.w2(hidden=64, layers=2, batch=8, dtype="float32")
     res, fails, notes = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
                                            log=lambda *a: None, backend="sim", bench_cls=Seen)
+    return res, fails, notes, seen
+
+
+def test_separate_launches_of_an_fp32_stream_run_the_tiles(rng):
+    # an fp32 chain of at most 16 rows streams its weights in the megakernel; its separate
+    # launches time a program lowered without the stream (peer_lowering), checked as usual:
+    # a peer that skips work still fails its check
+    w = W.w2(hidden=64, layers=2, batch=8, dtype="float32")
+    res, fails, notes, seen = _run_recording_benches(w, rng, lazy=("separate",))
     assert [r["variant"] for r in res][:4] == ["megak", "megak_trace", "graph", "graph_pdl"]
     assert [f["variant"] for f in fails] == ["separate"]
     own, peer = (b.prog.plan.instrs["flags"] for b in seen[:2])
@@ -1460,15 +1466,8 @@ def test_separate_launches_of_an_fp32_stream_run_the_tiles(rng):
 
 
 def test_separate_launches_of_a_bf16_stream_run_the_same_program(rng):
-    seen = []
-
-    class Seen(SimBench):
-        def __init__(self, prog):
-            super().__init__(prog)
-            seen.append(self)
     w = W.w2(hidden=64, layers=2, batch=8, dtype="bfloat16")
-    res, fails, notes = R.run_gpu_workload(w, quick=True, torch_env=None, rng=rng,
-                                           log=lambda *a: None, backend="sim", bench_cls=Seen)
+    res, fails, notes, seen = _run_recording_benches(w, rng)
     assert fails == [] and len(seen) == 2     # the workload's Bench and megak_const's
     assert R.peer_lowering(seen[0].prog.plan) == {}
     assert not any("weight_stream" in n for n in notes)
