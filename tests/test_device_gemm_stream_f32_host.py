@@ -23,6 +23,8 @@ CASES = [
     (16, 32, 1000, 0, 1008, 104, 10),     # 8 stages on a ring of 10: a warp pair's two turns
     (16, 32, 4096, 0, 4104, 104, 4),      # 32 stages through 4 slots, each used 8 times
     (5, 7, 300, 128, 436, 104, 2),        # short rows and columns, a k tail, the smallest ring
+    (8, 32, 1000, 0, 1008, 104, 10),      # 8 rows: rows 8-15 left out of the FMAs
+    (9, 32, 1000, 0, 1008, 104, 10),      # 9 rows: the first that takes both halves
     (1, 1, 17, 0, 24, 72, 3),             # one element of one partial stage
     (9, 20, 300, 4, 320, 100, 0),         # no ring: the op's copied stages
     (16, 32, 1000, 0, 1008, 104, 0),
@@ -51,6 +53,16 @@ MUTATIONS = {
         "ops/gemm_stream_f32.cuh",
         "mk_cp_async_wait_all();\n        __syncwarp();                         /* the warp",
         "__syncwarp();                         /* the warp"),
+    "nine-rows-on-eight-rows-fmas": (
+        "ops/gemm_stream_f32.cuh", "if (ring && in.rows <= 8)", "if (ring && in.rows <= 9)"),
+    "split-partials-kept-on-both-lanes": (
+        "ops/gemm_stream_f32.cuh", "const float keep = upper ? s[r + half][c] : s[r][c];",
+        "const float keep = upper ? s[r][c] : s[r + half][c];"),
+    "split-rows-stored-as-the-partner-group's": (
+        "ops/gemm_stream_f32.cuh", "(8 * h + OWN * kg + i)", "(8 * h + OWN * (kg ^ 1) + i)"),
+    "split-a-rows-8-15-not-copied-for-16-rows": (
+        "ops/gemm_stream_f32.cuh", "for (int i = 0; i < 8 * H / 2; ++i)",
+        "for (int i = 0; i < 4; ++i)"),
     "a-row-past-the-record-copied": (
         "ops/gemm_stream_f32.cuh", "const int n = r < rows ?", "const int n = r <= rows ?"),
     "copied-a-stage-read-before-it-landed": (

@@ -318,10 +318,7 @@ int main(int argc, char** argv)
             threadIdx.x = t;
             t_rng.seed((unsigned)seed * 7919u + t);
             float acc[2][8][4] = {};
-            if (R > 0)
-                mk_stream_kloop_ring_f32(in, op, pages, acc);
-            else
-                mk_stream_kloop_copied_f32(in, op, pages, acc);
+            mk_stream_kloop_f32(in, op, pages, acc, R > 0);
             if (!t_copies.open.empty() || !t_copies.groups.empty())
                 fail("a copy issued and never waited for");
             for (int n8 = 0; n8 < 8; ++n8)

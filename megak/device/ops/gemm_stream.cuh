@@ -963,10 +963,7 @@ __device__ __forceinline__ void mk_gemm_stream_run(const mk_instr& in, const mk_
                 acc[mt][n][e] = 0.f;
     const bool two = in.rows > 16;            /* m16 tiles: checked rows <= 32 */
     if (f32) {                                /* checked: rows <= 16, one m16 tile */
-        if (ring)
-            mk_stream_kloop_ring_f32(in, op, pages, acc);
-        else
-            mk_stream_kloop_copied_f32(in, op, pages, acc);
+        mk_stream_kloop_f32(in, op, pages, acc, ring);
     } else if (ring) {
         if (narrow && rows8)
             mk_stream_kloop_ring_rows8(in, op, pages, acc);

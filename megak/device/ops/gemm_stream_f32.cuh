@@ -26,12 +26,21 @@
  * The multiply is FMAs, not tensor cores: fp32 operands keep fp32 products (TF32 would round
  * them to 10 bits, an error the fp32 contract does not allow), and at 16 rows the FMAs of a
  * stage (16 x 32 x 128) take ~0.3 us of an SM by count, about half the time its share of HBM
- * takes to bring the page. Lane (g, t) = (lane / 4, lane % 4) sums rows g and g + 8 of columns
- * 4t .. 4t + 3 and 16 + 4t .. 16 + 4t + 3: per 4 k-rows two float4 of A (rows g, g + 8: 8 rows
- * of 16 B at 8 different bank groups, one wavefront) and per k-row two float4 of B (chunks t
- * and t + 4 of the row, the same for every g: broadcasts, one wavefront each), for 16 FMAs a
- * k-row. At the end a shuffle within each quad of lanes moves the sums into the MMA layout
- * (lane (g, t) holds columns 8 n8 + 2t, + 1 of n8 tile n8).
+ * takes to bring the page. What bounds them is shared memory: a warp's 16-B load costs four
+ * wavefronts (one a quarter warp) however few addresses it names, so the loop is sized by
+ * its loads per FMA. Through the ring (mk_stream_f32_fma_split) the warp's k-rows are split
+ * across its lanes: G = 8 / H groups of lanes (H = 2 row halves, or 1 where the record has at
+ * most 8 rows), lane (h, kg, j) = (lane / 4G, lane / 4 % G, lane % 4) sums rows 8h .. 8h + 7 of
+ * columns 4j .. 4j + 3 and 16 + 4j .. 16 + 4j + 3 over the 4-k-row units kg, kg + G, ... of
+ * the warp's 64: 8 float4 of A and 8 of B for 256 FMAs (the per-k-row layout below took 10 for
+ * 64, 1,300 wavefronts a page, measured). A quarter warp's loads are conflict free: its lanes
+ * share h and one A row, units kg and kg + 1 (adjacent bank groups), and B rows 4 apart (chunks
+ * j ^ x and j ^ x ^ 4). At the end (mk_stream_f32_split_to_mma) the G partial sums of each
+ * element meet by shuffles, halving the rows a lane keeps each round, and pass through the
+ * warp's A buffer into the MMA layout. Without the ring (mk_stream_f32_fma) lane (g, t) =
+ * (lane / 4, lane % 4) sums rows g and g + 8 of the same columns for every k-row, and a
+ * shuffle within each quad moves the sums into the MMA layout (lane (g, t) holds columns
+ * 8 n8 + 2t, + 1 of n8 tile n8).
  *
  * Without the ring (no map for B, or the separate-launch entry): the op copies B itself, in
  * stages of 64 k-rows (half a box, 8 KiB, laid out as the TMA would) and their A (16 rows x 64
@@ -105,6 +114,108 @@ __device__ __forceinline__ void mk_stream_f32_chunk_a(mk_u32 buf, int pitch, con
     }
 }
 
+/* This lane's units of the warp's A chunk of a ring stage: 16 units a row (64 k-rows from kk),
+ * unit lane % 16 of rows lane / 16 + 2i, rows [0, 8 H) only (with H = 1 the FMAs never read
+ * rows 8-15). The caller commits. */
+template <int H>
+__device__ __forceinline__ void mk_stream_f32_ring_a(mk_u32 buf, const float* ga, mk_u32 lda,
+                                                     int rows, int klen, int kk, bool vec,
+                                                     int lane)
+{
+    constexpr int PER_ROW = MK_STREAM_F32_PITCH / 16;
+    static_assert(PER_ROW == 16, "two rows a warp's turn");
+    const int u = lane % PER_ROW;
+#pragma unroll
+    for (int i = 0; i < 8 * H / 2; ++i) {
+        const int r = lane / PER_ROW + 2 * i;
+        mk_stream_f32_a_unit(mk_stream_chunk_at(buf, r, u, MK_STREAM_F32_PITCH), ga, lda, r,
+                             kk + 4 * u, rows, klen, vec);
+    }
+}
+
+/* One ring stage's FMAs, the k-rows split across lanes (see the header): lane (h, kg, j) adds
+ * rows 8h + r, columns j and j + 4 of chunks (s[r][c]: chunk j for c < 4, else j + 4) over
+ * units kg, kg + G, ... of the A chunk at a and k-rows b_row0 + 4 unit + i of the box at st. */
+template <int H>
+__device__ __forceinline__ void mk_stream_f32_fma_split(float (&s)[8][8], mk_u32 a, mk_u32 st,
+                                                        int b_row0, int lane)
+{
+    constexpr int G = 8 / H, UNITS = MK_STREAM_F32_PITCH / 16;
+    const int j = lane & 3, kg = (lane >> 2) % G, h = (lane >> 2) / G;
+#pragma unroll 1
+    for (int u = kg; u < UNITS; u += G) {
+        float4 x[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+            x[r] = mk_lds_f4(mk_stream_chunk_at(a, 8 * h + r, u, MK_STREAM_F32_PITCH));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const mk_u32 row = (mk_u32)(b_row0 + 4 * u + i);
+            const float4 b0 = mk_lds_f4(st + 128u * row + (((mk_u32)j ^ (row & 7u)) << 4));
+            const float4 b1 = mk_lds_f4(st + 128u * row + (((mk_u32)(j + 4) ^ (row & 7u)) << 4));
+            const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int r = 0; r < 8; ++r) {
+                const float xr = i == 0 ? x[r].x : i == 1 ? x[r].y : i == 2 ? x[r].z : x[r].w;
+#pragma unroll
+                for (int c = 0; c < 8; ++c)
+                    s[r][c] = fmaf(xr, b[c], s[r][c]);
+            }
+        }
+    }
+}
+
+/* The sums of mk_stream_f32_fma_split into the MMA layout of acc[0] (rows 8-15 left as they are
+ * where H = 1). Round m adds lane ^ 4 (G >> (m + 1))'s partials of half the rows a lane still
+ * keeps: the lane with that kg bit set keeps the upper half (moved down to s[0]), its partner
+ * the lower, so each element is summed on one lane in a fixed order; after log2 G rounds lane
+ * (h, kg, j) holds rows 8h + (8 / G) kg + i, i < 8 / G, in full. Those go to the warp's A
+ * buffer as a 16 x 32 tile (128-B rows, chunk c of row r at c ^ (r & 7)), read back as lane
+ * (g, t)'s columns 8 n8 + 2t, + 1. The buffer is the warp's own: a __syncwarp after the FMAs'
+ * reads of A and one between the stores and the reads; the next stage's A is copied only after
+ * the next k loop's first __syncwarp. */
+template <int H>
+__device__ __forceinline__ void mk_stream_f32_split_to_mma(float (&s)[8][8],
+                                                           float (&acc)[2][8][4], mk_u32 buf,
+                                                           int lane)
+{
+    constexpr int G = 8 / H, OWN = 8 / G;
+    const int j = lane & 3, kg = (lane >> 2) % G, h = (lane >> 2) / G;
+#pragma unroll
+    for (int m = 0; (G >> (m + 1)) > 0; ++m) {
+        const int half = 4 >> m, mask = 4 * (G >> (m + 1));
+        const bool upper = (lane & mask) != 0;
+#pragma unroll
+        for (int r = 0; r < half; ++r)
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const float give = upper ? s[r][c] : s[r + half][c];
+                const float keep = upper ? s[r + half][c] : s[r][c];
+                s[r][c] = keep + __shfl_sync(0xffffffffu, give, lane ^ mask);
+            }
+    }
+    __syncwarp();                             /* every lane's FMAs are done with A */
+#pragma unroll
+    for (int i = 0; i < OWN; ++i) {
+        const mk_u32 row = (mk_u32)(8 * h + OWN * kg + i);
+        mk_sts_f4(buf + 128u * row + (((mk_u32)j ^ (row & 7u)) << 4),
+                  make_float4(s[i][0], s[i][1], s[i][2], s[i][3]));
+        mk_sts_f4(buf + 128u * row + (((mk_u32)(j + 4) ^ (row & 7u)) << 4),
+                  make_float4(s[i][4], s[i][5], s[i][6], s[i][7]));
+    }
+    __syncwarp();                             /* the tile's stores visible to every lane */
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int hh = 0; hh < H; ++hh)
+#pragma unroll
+        for (int n8 = 0; n8 < 4; ++n8) {
+            const mk_u32 row = (mk_u32)(g + 8 * hh), chunk = (mk_u32)(2 * n8 + (t >> 1));
+            const float4 v = mk_lds_f4(buf + 128u * row + ((chunk ^ (row & 7u)) << 4));
+            acc[0][n8][2 * hh] = (t & 1) ? v.z : v.x;
+            acc[0][n8][2 * hh + 1] = (t & 1) ? v.w : v.y;
+        }
+}
+
 /* K4 groups of 4 k-rows: A's from unit u0 of the rows at a (pitch bytes a row), B's from
  * k-row b_row0 of the box page st. c[h][j]: row g + 8h, column 4t + j (j < 4) or
  * 16 + 4t + j - 4. Each FMA adds one product to its sum, in k order. */
@@ -156,16 +267,18 @@ __device__ __forceinline__ void mk_stream_f32_to_mma(const float (&c)[2][8], flo
     }
 }
 
-/* The ring's k loop for an fp32 band (see the header): the stages, waits, A chunks and
- * hand-backs of mk_stream_kloop_ring<2> (gemm_stream.cuh, whose ordering argument holds
- * as written: one A chunk per stage and warp, the page waited for while it flies, the
+/* The ring's k loop for an fp32 band (see the header), H row halves: the stages, waits, A
+ * chunks and hand-backs of mk_stream_kloop_ring<2> (gemm_stream.cuh, whose ordering argument
+ * holds as written: one A chunk per stage and warp, the page waited for while it flies, the
  * chunk's buffer written again only after a __syncwarp that follows the FMAs' reads). */
+template <int H>
 __device__ __forceinline__ void mk_stream_kloop_ring_f32(const mk_instr& in, const mk_tensor* op,
                                                          const mk_pages& pages,
                                                          float (&acc)[2][8][4])
 {
     constexpr int STAGE_K = MK_STREAM_BOX_ROWS, READ = MK_STREAM_READERS;
     constexpr int kc = STAGE_K / READ, step = MK_STREAM_WARPS / READ;
+    static_assert(kc == 4 * (MK_STREAM_F32_PITCH / 16), "a warp's k-rows are its A chunk's");
     mk_control& ctl = mk_ctl();
     const mk_tensor& TA = op[MK_ARG_A];
     const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
@@ -176,7 +289,7 @@ __device__ __forceinline__ void mk_stream_kloop_ring_f32(const mk_instr& in, con
     const mk_u32 ring0 = mk_smem_addr(mk_ring_page(ctl.params, 0));
     const int kb = kc * (warp / step);        /* this warp's k-rows of each of its stages */
     const int first = warp % step;            /* and its first stage */
-    float c[2][8] = {};
+    float sums[8][8] = {};
 #pragma unroll 1
     for (int s = first; s < nst; s += step) {
         const mk_u32 pos = pages.stream_pos + (mk_u32)s;
@@ -184,17 +297,16 @@ __device__ __forceinline__ void mk_stream_kloop_ring_f32(const mk_instr& in, con
         const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
         const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
         __syncwarp();                         /* every lane's reads of the buffer are done */
-        mk_stream_f32_chunk_a(buf, MK_STREAM_F32_PITCH, ga, TA.ld, in.rows, in.klen,
-                              STAGE_K * s + kb, a_vec, lane, 32);
+        mk_stream_f32_ring_a<H>(buf, ga, TA.ld, in.rows, in.klen, STAGE_K * s + kb, a_vec, lane);
         mk_cp_async_commit();
         const bool landed = mk_stream_wait_full(ctl, slot, pos, parity);   /* while A flies */
         mk_cp_async_wait_all();
         __syncwarp();                         /* the warp's A copies visible to every lane */
         if (__all_sync(0xffffffffu, landed))  /* uniform: past the deadline, no FMAs */
-            mk_stream_f32_fma<kc / 4>(c, buf, MK_STREAM_F32_PITCH, 0, st, kb, lane);
+            mk_stream_f32_fma_split<H>(sums, buf, st, kb, lane);
         mk_ring_hand_back(&ctl.ring_empty[slot], (mk_u32)(MK_STREAM_READERS / READ), lane);
     }
-    mk_stream_f32_to_mma(c, acc, lane);
+    mk_stream_f32_split_to_mma<H>(sums, acc, buf, lane);
 }
 
 /* The k loop without the ring (see the header): `rows` k-rows of B from k_row (a box's, or
@@ -273,6 +385,20 @@ __device__ __forceinline__ void mk_stream_kloop_copied_f32(const mk_instr& in, c
     }
     mk_cp_async_wait_all();
     mk_stream_f32_to_mma(c, acc, lane);
+}
+
+/* The fp32 band's k loop: through the ring where the block has one (rows 8-15 left out where
+ * the record has at most 8: half the FMAs and A copies), else copied. */
+__device__ __forceinline__ void mk_stream_kloop_f32(const mk_instr& in, const mk_tensor* op,
+                                                    const mk_pages& pages, float (&acc)[2][8][4],
+                                                    bool ring)
+{
+    if (ring && in.rows <= 8)
+        mk_stream_kloop_ring_f32<1>(in, op, pages, acc);
+    else if (ring)
+        mk_stream_kloop_ring_f32<2>(in, op, pages, acc);
+    else
+        mk_stream_kloop_copied_f32(in, op, pages, acc);
 }
 
 #endif /* MEGAK_OP_GEMM_STREAM_F32_CUH */
