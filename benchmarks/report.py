@@ -871,19 +871,21 @@ def _record_failure(failures: list, workload: str, log, variant: str, stage: str
 
 
 SEPARATE_VARIANTS = ("separate", "graph", "graph_pdl")
-PEER_LOWERING_WHY = ("a streamed fp32 GEMM's loop without the megakernel's weight ring ran "
-                     "2x slower than the tiles in separate launches: H100, W2-4096x8-fp32 "
-                     "graph_pdl 519.5 against 265.9 us")
+PEER_LOWERING_WHY = ("a streamed GEMM's loop without the megakernel's weight ring runs "
+                     "1.3-2.9x slower than the tiles in separate launches: H100, graph_pdl "
+                     "W2-4096x8-fp32 519.5 against 265.9 us, W2-4096x8-bf16 731.4 against "
+                     "255.3, W2-1024x16-bf16 389.4 against 302.4, W2-8192x8-bf16 1,364.8 "
+                     "against 1,071.0")
 
 
 def peer_lowering(plan) -> dict:
     """compile() keywords for the program the separate launches time, where they differ from
     the megakernel's (which compiles with the defaults): each variant runs the lowering it
-    runs best. A plan with streamed fp32 GEMMs is lowered again without the weight stream
-    (PEER_LOWERING_WHY); the bf16 stream's loop stays the peers' (no measured better)."""
+    runs best. A plan with streamed GEMMs (bf16 or fp32) is lowered again without the weight
+    stream (PEER_LOWERING_WHY: tools/probe_peer_lowering.py measured every W2 row)."""
     from megak import abi
     flags = plan.instrs["flags"]
-    return {"weight_stream": False} if (flags & abi.FLAG_STREAM_F32).any() else {}
+    return {"weight_stream": False} if (flags & abi.FLAG_STREAM).any() else {}
 
 
 def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,

@@ -754,10 +754,10 @@ VARIANT_DESCRIPTIONS = {
     "megak_resident_bound": "call path (W7): the same resident kernel fed the bound call: "
                             "r.submit(bound).wait() per call, wall-clock",
     "separate": "one kernel launch per graph op, same device op code (entry megak_op), "
-                "stream order as the dependency (Bench.time_separate); an fp32 chain that "
+                "stream order as the dependency (Bench.time_separate); a chain that "
                 "streams its weights in the megakernel is lowered as tiles here "
-                "(compile(weight_stream=False): the stream's loop without its ring runs 2x "
-                "slower)",
+                "(compile(weight_stream=False): the stream's loop without its ring runs "
+                "1.3-2.9x slower)",
     "graph": "the separate launches captured once in a CUDA graph and replayed "
              "(Bench.time_separate(graph=True))",
     "graph_pdl": "the same CUDA graph with programmatic dependent launch: each launch right "

@@ -1465,13 +1465,25 @@ def test_separate_launches_of_an_fp32_stream_run_the_tiles(rng):
     assert all(b.closed for b in seen)
 
 
-def test_separate_launches_of_a_bf16_stream_run_the_same_program(rng):
+def test_separate_launches_of_a_bf16_stream_run_the_tiles_too(rng):
     w = W.w2(hidden=64, layers=2, batch=8, dtype="bfloat16")
     res, fails, notes, seen = _run_recording_benches(w, rng)
-    assert fails == [] and len(seen) == 2     # the workload's Bench and megak_const's
-    assert R.peer_lowering(seen[0].prog.plan) == {}
-    assert not any("weight_stream" in n for n in notes)
+    assert fails == []
+    own, peer = (b.prog.plan.instrs["flags"] for b in seen[:2])
+    assert (own & megak.abi.FLAG_STREAM).any() and not (peer & megak.abi.FLAG_STREAM).any()
+    assert R.peer_lowering(seen[0].prog.plan) == {"weight_stream": False}
+    assert any("weight_stream" in n for n in notes)
     assert all(b.closed for b in seen)
+
+
+def test_separate_launches_of_unstreamed_gemms_run_the_same_program():
+    # 128 rows are past the stream's 64: the GEMM lowers as tiles, nothing to lower again
+    g = megak.Graph()
+    g.output(g.gemm(g.input("x", (128, 64), "bfloat16"), g.input("w", (64, 64), "bfloat16")),
+             "y")
+    plan = megak.compile(g, backend="sim").plan
+    assert not (plan.instrs["flags"] & megak.abi.FLAG_STREAM).any()
+    assert R.peer_lowering(plan) == {}
 
 
 def test_a_failed_peer_program_fails_only_the_separate_launches(rng, monkeypatch):

@@ -2,7 +2,7 @@
 """Probe: which lowering the separate launches (separate, graph, graph_pdl) run best, per W2 row.
 
 The report times the separate launches on the megakernel's own lowering except where
-benchmarks.report.peer_lowering says otherwise (fp32 chains: weight_stream=False). This times
+benchmarks.report.peer_lowering says otherwise (streamed chains: weight_stream=False). This times
 graph_pdl (and graph) of each row on both lowerings, outputs checked against float64 after the
 timed runs, so the choice rests on a measurement:
 
