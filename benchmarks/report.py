@@ -872,10 +872,10 @@ def _record_failure(failures: list, workload: str, log, variant: str, stage: str
 
 SEPARATE_VARIANTS = ("separate", "graph", "graph_pdl")
 PEER_LOWERING_WHY = ("a streamed GEMM's loop without the megakernel's weight ring runs "
-                     "1.3-2.9x slower than the tiles in separate launches: H100, graph_pdl "
-                     "W2-4096x8-fp32 519.5 against 265.9 us, W2-4096x8-bf16 731.4 against "
-                     "255.3, W2-1024x16-bf16 389.4 against 302.4, W2-8192x8-bf16 1,364.8 "
-                     "against 1,071.0")
+                     "1.3-2.9x slower than the tiles in separate launches: graph_pdl "
+                     "W2-4096x8-fp32 519.5 against 265.9 us (H100), W2-4096x8-bf16 731.4 "
+                     "against 255.3 (H200), W2-1024x16-bf16 389.4 against 302.4 (H200), "
+                     "W2-8192x8-bf16 1,364.8 against 1,071.0 (H100)")
 
 
 def peer_lowering(plan) -> dict:
