@@ -89,7 +89,8 @@ def test_megakernel_compiles_without_spills_in_the_ops(variant, request):
 
 def test_a_build_holds_its_bodies_only(kernel, cache_dir):
     """MK_BODIES (instr.h): a build of the streamed GEMM holds that body and none of the
-    others, no resident kernel, and far less code per SM than the build of every body."""
+    others, no resident kernel, and, that body aside, far less code per SM than the build of
+    every body."""
     stream = (1 << abi.OP_NOP) | (1 << abi.OPCODE_OF["gemm"]) | abi.BODY_GEMM_STREAM
     k = compiler.compile_megakernel(ARCH, defines=compiler.bodies_defines(stream),
                                     cache_dir=cache_dir)
@@ -108,7 +109,12 @@ def test_a_build_holds_its_bodies_only(kernel, cache_dir):
     # the interpreter (mk_compute) and the loader without the other ops inlined
     for fn in ("mk_compute", "mk_loader"):
         assert 0 < held(sizes, fn) < held(every, fn) / 2, (fn, held(sizes, fn), held(every, fn))
-    assert sizes["megakernel"] < every["megakernel"] / 3
+    # apart from the op's own body (the same functions in both builds), the rest of the kernel
+    # holds a fraction of the every-body build's rest: the size of the body itself (the fp32
+    # band's forms grew it) is not what this build is about
+    rest = sizes["megakernel"] - held(sizes, "mk_gemm_stream")
+    every_rest = every["megakernel"] - held(every, "mk_gemm_stream")
+    assert rest < every_rest / 3, (rest, every_rest)
 
 
 def test_a_resident_build_holds_its_bodies_and_the_resident_kernel(kernel, cache_dir):
