@@ -61,8 +61,8 @@ MUTATIONS = {
     "split-rows-stored-as-the-partner-group's": (
         "ops/gemm_stream_f32.cuh", "(8 * h + OWN * kg + i)", "(8 * h + OWN * (kg ^ 1) + i)"),
     "split-a-rows-8-15-not-copied-for-16-rows": (
-        "ops/gemm_stream_f32.cuh", "for (int i = 0; i < 8 * H / 2; ++i)",
-        "for (int i = 0; i < 4; ++i)"),
+        "ops/gemm_stream_f32.cuh", "mk_stream_f32_chunk_a<4 * H>(buf,",
+        "mk_stream_f32_chunk_a<4>(buf,"),
     "a-row-past-the-record-copied": (
         "ops/gemm_stream_f32.cuh", "const int n = r < rows ?", "const int n = r <= rows ?"),
     "copied-a-stage-read-before-it-landed": (

@@ -58,8 +58,11 @@ enum {
     MK_STREAM_F32_COPIED_B = MK_STREAM_F32_COPIED_K * 128,   /* bytes of a stage's B */
     MK_STREAM_F32_COPIED_A = 16 * 4 * MK_STREAM_F32_COPIED_K /* and of its A */
 };
-static_assert(16 * MK_STREAM_F32_PITCH == MK_STREAM_A_CHUNK,
-              "16 rows x 64 k-rows of fp32 are one warp's A chunk");
+static_assert(16 * MK_STREAM_F32_PITCH == MK_STREAM_A_CHUNK &&
+              4 * MK_STREAM_F32_COPIED_K == MK_STREAM_F32_PITCH &&
+              16 * (MK_STREAM_F32_PITCH / 16) == MK_THREADS,
+              "16 rows x 64 k-rows of fp32: one warp's A chunk, a copied stage's A, one unit a "
+              "compute thread");
 static_assert(MK_STREAM_F32_COPIED_DEPTH * MK_STREAM_F32_COPIED_A <= MK_PAGE_BYTES &&
               MK_STREAM_F32_COPIED_DEPTH * MK_STREAM_F32_COPIED_B <= 2 * MK_PAGE_BYTES &&
               MK_STREAM_F32_COPIED_K == 8 * MK_STREAM_WARPS,
@@ -99,35 +102,20 @@ __device__ __forceinline__ void mk_stream_f32_a_unit(mk_u32 dst, const float* ga
     }
 }
 
-/* `units` of A's 16 rows x (4 units) k-rows from k-row kk into buf (row pitch 16 units /
- * 4 x pitch bytes, unit u of row r at u ^ (r & 7)): lanes `first`, + `stride`, ... */
-__device__ __forceinline__ void mk_stream_f32_chunk_a(mk_u32 buf, int pitch, const float* ga,
-                                                      mk_u32 lda, int rows, int klen, int kk,
-                                                      bool vec, int first, int stride)
-{
-    const int per_row = pitch / 16;
-#pragma unroll 1
-    for (int i = first; i < 16 * per_row; i += stride) {
-        const int r = i / per_row, u = i % per_row;
-        mk_stream_f32_a_unit(mk_stream_chunk_at(buf, r, u, pitch), ga, lda, r, kk + 4 * u,
-                             rows, klen, vec);
-    }
-}
-
-/* This lane's units of the warp's A chunk of a ring stage: 16 units a row (64 k-rows from kk),
- * unit lane % 16 of rows lane / 16 + 2i, rows [0, 8 H) only (with H = 1 the FMAs never read
- * rows 8-15). The caller commits. */
-template <int H>
-__device__ __forceinline__ void mk_stream_f32_ring_a(mk_u32 buf, const float* ga, mk_u32 lda,
-                                                     int rows, int klen, int kk, bool vec,
-                                                     int lane)
+/* Units of A's 16 rows x 64 k-rows from k-row kk into buf (a row MK_STREAM_F32_PITCH bytes,
+ * unit u of row r at u ^ (r & 7)): N units a thread, units first, first + stride, ... (unit i:
+ * row i / 16, k-rows kk + 4 (i % 16) ..; stride a multiple of 16, so one unit column a
+ * thread). The caller commits. */
+template <int N>
+__device__ __forceinline__ void mk_stream_f32_chunk_a(mk_u32 buf, const float* ga, mk_u32 lda,
+                                                      int rows, int klen, int kk, bool vec,
+                                                      int first, int stride)
 {
     constexpr int PER_ROW = MK_STREAM_F32_PITCH / 16;
-    static_assert(PER_ROW == 16, "two rows a warp's turn");
-    const int u = lane % PER_ROW;
+    const int u = first % PER_ROW;
 #pragma unroll
-    for (int i = 0; i < 8 * H / 2; ++i) {
-        const int r = lane / PER_ROW + 2 * i;
+    for (int n = 0; n < N; ++n) {
+        const int r = first / PER_ROW + n * (stride / PER_ROW);
         mk_stream_f32_a_unit(mk_stream_chunk_at(buf, r, u, MK_STREAM_F32_PITCH), ga, lda, r,
                              kk + 4 * u, rows, klen, vec);
     }
@@ -297,7 +285,8 @@ __device__ __forceinline__ void mk_stream_kloop_ring_f32(const mk_instr& in, con
         const mk_u32 slot = pos % R, parity = (pos / R) & 1u;
         const mk_u32 st = ring0 + slot * (mk_u32)MK_PAGE_BYTES;
         __syncwarp();                         /* every lane's reads of the buffer are done */
-        mk_stream_f32_ring_a<H>(buf, ga, TA.ld, in.rows, in.klen, STAGE_K * s + kb, a_vec, lane);
+        mk_stream_f32_chunk_a<4 * H>(buf, ga, TA.ld, in.rows, in.klen, STAGE_K * s + kb, a_vec,
+                                     lane, 32);      /* rows [0, 8 H): those the FMAs read */
         mk_cp_async_commit();
         const bool landed = mk_stream_wait_full(ctl, slot, pos, parity);   /* while A flies */
         mk_cp_async_wait_all();
@@ -346,7 +335,7 @@ __device__ __forceinline__ void mk_stream_kloop_copied_f32(const mk_instr& in, c
                                                            float (&acc)[2][8][4])
 {
     constexpr int STAGE_K = MK_STREAM_F32_COPIED_K, D = MK_STREAM_F32_COPIED_DEPTH;
-    constexpr int pitch = 4 * STAGE_K;
+    constexpr int pitch = MK_STREAM_F32_PITCH;
     const mk_tensor& TA = op[MK_ARG_A];
     const mk_tensor& TB = op[MK_ARG_B];
     const int nst = (in.klen + STAGE_K - 1) / STAGE_K;
@@ -364,8 +353,8 @@ __device__ __forceinline__ void mk_stream_kloop_copied_f32(const mk_instr& in, c
     };
     auto issue = [&](int s) {   /* stage s's copies, this thread's share, as one group */
         if (s < nst) {
-            mk_stream_f32_chunk_a(a_at(s), pitch, ga, TA.ld, in.rows, in.klen, STAGE_K * s,
-                                  a_vec, (int)threadIdx.x, MK_THREADS);
+            mk_stream_f32_chunk_a<1>(a_at(s), ga, TA.ld, in.rows, in.klen, STAGE_K * s, a_vec,
+                                     (int)threadIdx.x, MK_THREADS);
             mk_stream_f32_fill_box(b_at(s), TB, in.k0 + STAGE_K * s, in.col0, STAGE_K, b_vec,
                                    policy);
         }
