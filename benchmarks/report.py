@@ -42,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from megak.abi import PAGE_BYTES
+from megak.abi import FLAG_STREAM, PAGE_BYTES
 from megak.runtime.bench import L2_FLUSH_BYTES   # what Bench's flush writes (no cuda import)
 
 from . import workloads as W
@@ -883,9 +883,8 @@ def peer_lowering(plan) -> dict:
     the megakernel's (which compiles with the defaults): each variant runs the lowering it
     runs best. A plan with streamed GEMMs (bf16 or fp32) is lowered again without the weight
     stream (PEER_LOWERING_WHY: tools/probe_peer_lowering.py measured every W2 row)."""
-    from megak import abi
     flags = plan.instrs["flags"]
-    return {"weight_stream": False} if (flags & abi.FLAG_STREAM).any() else {}
+    return {"weight_stream": False} if (flags & FLAG_STREAM).any() else {}
 
 
 def run_gpu_workload(w: W.Workload, quick: bool, torch_env: TorchEnv | None,
