@@ -23,7 +23,8 @@ bytes / median (read + write). L2 is not flushed (1 GiB >> 60 MB).
     python tools/probe_copy_hints.py --occupancy [--bands 65536 1048576]
                                       # the plain copy by 8-32 warps a block, 2-16 float4 a
                                       # thread, one block per SM, its bands dealt out or
-                                      # taken in turn, against a one-shot grid
+                                      # taken in turn (by the block, or by each warp for
+                                      # itself), against a one-shot grid
     python tools/probe_copy_hints.py --compile-only      # no GPU: ptxas registers and spills
 
 On the H200 (--occupancy): the one-shot grid 4,242 GB/s; bands dealt out at most 4,005 (16
@@ -68,8 +69,20 @@ def taken_entry(w: int, u: int) -> str:
     return f"copy_taken_{u}_t{32 * w}"
 
 
+# (warps, unroll) of the copy whose warps take their own bands in turn (copy_warp_taken): no
+# block barrier, so one warp's loads are in flight while another works out its next band
+WARP_TAKEN_SHAPES = ((8, 16), (16, 8))
+# the bands a warp takes (bytes): a warp's share of one step of the block, 4x it, 16x it
+WARP_BANDS = (8192, 32768, 131072)
+
+
+def warp_taken_entry(w: int, u: int) -> str:
+    return f"copy_warp_taken_{u}_t{32 * w}"
+
+
 OCC_ENTRIES = tuple(entry("cg", "st", u, 32 * w) for w, u in OCC_SHAPES if (w, u) != (8, 16)) \
-    + tuple(taken_entry(w, u) for w, u in TAKEN_SHAPES)
+    + tuple(taken_entry(w, u) for w, u in TAKEN_SHAPES) \
+    + tuple(warp_taken_entry(w, u) for w, u in WARP_TAKEN_SHAPES)
 ENTRIES = tuple(entry(ld, st, u) for ld in LOADS for st in STORES for u in UNROLLS) + \
     OCC_ENTRIES + ("oneshot", "fill", "verify")
 
@@ -135,6 +148,39 @@ __device__ __forceinline__ void copy_taken(const float4* src, float4* dst, u64 n
     }
 }
 
+/* each warp takes its own bands from the shared counter (lane 0's atomicAdd, a shuffle to
+ * the warp): no block barrier, so a warp working out its next band leaves the other warps'
+ * loads in flight; within its band lane l copies units l, l + 32, ..., U per step */
+template <int U>
+__device__ __forceinline__ void copy_warp_taken(const float4* src, float4* dst, u64 n, u64 band,
+                                                u64* next)
+{
+    const u32 lane = threadIdx.x & 31u;
+    for (;;) {
+        u64 mine = 0;
+        if (lane == 0)
+            mine = atomicAdd(next, 1ull);
+        const u64 b0 = __shfl_sync(0xffffffffu, mine, 0) * band;
+        if (b0 >= n)
+            return;
+        const u64 end = b0 + band < n ? b0 + band : n;
+        for (u64 i = b0 + lane; i < end; i += 32ull * U) {
+            float4 v[U];
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + 32ull * k;
+                v[k] = j < end ? ld4<0>(src + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int k = 0; k < U; ++k) {
+                const u64 j = i + 32ull * k;
+                if (j < end)
+                    st4<0>(dst + j, v[k], 0);
+            }
+        }
+    }
+}
+
 %(entries)s
 
 /* torch's elementwise form: one block of 128 threads per 256 float4, each thread 2 */
@@ -177,7 +223,11 @@ def source() -> str:
             f"extern \"C\" __global__ void __launch_bounds__({32 * w}, 1)\n"
             f"{taken_entry(w, u)}(const float4* s, float4* d, u64 n, u64 band, u64* next) "
             f"{{ copy_taken<{u}, {32 * w}>(s, d, n, band, next); }}"
-            for w, u in TAKEN_SHAPES)
+            for w, u in TAKEN_SHAPES) + "\n" + "\n".join(
+            f"extern \"C\" __global__ void __launch_bounds__({32 * w}, 1)\n"
+            f"{warp_taken_entry(w, u)}(const float4* s, float4* d, u64 n, u64 band, u64* next) "
+            f"{{ copy_warp_taken<{u}>(s, d, n, band, next); }}"
+            for w, u in WARP_TAKEN_SHAPES)
     return (_BODY % {"loads": loads, "stores": "\n".join(stores), "entries": entries}
             + DATA_AND_CHECK)
 
@@ -278,6 +328,18 @@ def run(args):
                            ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
                 record(f"{w} warps u{u} band {band >> 10} KiB, taken in turn", taken,
                        kind="taken", load="cg", store="st", unroll=u, warps=w, band_bytes=band)
+        for band in WARP_BANDS:
+            for w, u in WARP_TAKEN_SHAPES:
+                e = warp_taken_entry(w, u)
+
+                def warp_taken(e=e, w=w, band=band):
+                    mem.memset32(counter.ptr, 0, 2, h)
+                    launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr),
+                           ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16),
+                           ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
+                record(f"{w} warps u{u} warp band {band >> 10} KiB, taken", warp_taken,
+                       kind="warp_taken", load="cg", store="st", unroll=u, warps=w,
+                       band_bytes=band)
         bands = []
     for band in bands:
         for u in UNROLLS:
