@@ -289,6 +289,13 @@ def run(args):
         keep.clear()
         return [check(drv.cuEventElapsedTime(a, b), "cuEventElapsedTime") * 1e3 for a, b in ev]
 
+    def taken(e, w, band):
+        """Entry e on one block of w warps per SM, its bands of `band` bytes handed out by
+        the counter (zeroed first)."""
+        mem.memset32(counter.ptr, 0, 2, h)
+        launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr), ctypes.c_uint64(dst.ptr),
+               ctypes.c_uint64(n16), ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
+
     rows = []
 
     def record(name, enqueue, **meta):
@@ -319,25 +326,13 @@ def run(args):
                               ctypes.c_uint64(band // 16)),
                        kind="reg", load="cg", store="st", unroll=u, warps=w, band_bytes=band)
             for w, u in TAKEN_SHAPES:
-                e = taken_entry(w, u)
-
-                def taken(e=e, w=w, band=band):
-                    mem.memset32(counter.ptr, 0, 2, h)
-                    launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr),
-                           ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16),
-                           ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
-                record(f"{w} warps u{u} band {band >> 10} KiB, taken in turn", taken,
+                record(f"{w} warps u{u} band {band >> 10} KiB, taken in turn",
+                       lambda e=taken_entry(w, u), w=w, band=band: taken(e, w, band),
                        kind="taken", load="cg", store="st", unroll=u, warps=w, band_bytes=band)
         for band in WARP_BANDS:
             for w, u in WARP_TAKEN_SHAPES:
-                e = warp_taken_entry(w, u)
-
-                def warp_taken(e=e, w=w, band=band):
-                    mem.memset32(counter.ptr, 0, 2, h)
-                    launch(fn[e], n_sm, 32 * w, ctypes.c_uint64(src.ptr),
-                           ctypes.c_uint64(dst.ptr), ctypes.c_uint64(n16),
-                           ctypes.c_uint64(band // 16), ctypes.c_uint64(counter.ptr))
-                record(f"{w} warps u{u} warp band {band >> 10} KiB, taken", warp_taken,
+                record(f"{w} warps u{u} warp band {band >> 10} KiB, taken",
+                       lambda e=warp_taken_entry(w, u), w=w, band=band: taken(e, w, band),
                        kind="warp_taken", load="cg", store="st", unroll=u, warps=w,
                        band_bytes=band)
         bands = []
