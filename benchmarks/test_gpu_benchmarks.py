@@ -83,10 +83,12 @@ def test_variant(benchmark, bench_for, name, variant):
 
 # small chains for the graph_pdl variant: W1's copies, an fp32 GEMM chain, bf16 chains whose
 # GEMMs stream their weights (1024: programmatic edges between every pair of launches; 2048:
-# every GEMM combines its parts, so a counter memset sits between launches)
+# every GEMM combines its parts, so a counter memset sits between launches), a 32 MiB copy
+# whose takers share a hand-out counter (zeroed by that memset before every run)
 SMALL_CHAINS = {"W1-10x32": lambda: W.w1(n_ops=10), "W2-64x2-fp32": lambda: W.w2(64, 2),
                 "W2-1024x3-bf16": lambda: W.w2(1024, 3, dtype="bfloat16"),
-                "W2-2048x3-bf16": lambda: W.w2(2048, 3, dtype="bfloat16")}
+                "W2-2048x3-bf16": lambda: W.w2(2048, 3, dtype="bfloat16"),
+                "W5-2048x4096": lambda: W.w5(2048, 4096)}
 
 
 @pytest.mark.parametrize("name", list(SMALL_CHAINS))

@@ -82,10 +82,12 @@ FLAG_STREAM = FLAGS["MK_FLAG_STREAM"]
 FLAG_WGMMA = FLAGS["MK_FLAG_WGMMA"]
 FLAG_STREAM_NARROW = FLAGS["MK_FLAG_STREAM_NARROW"]
 FLAG_STREAM_F32 = FLAGS["MK_FLAG_STREAM_F32"]
+FLAG_COPY_TAKE = FLAGS["MK_FLAG_COPY_TAKE"]
 BODY_GEMM_TILED = BODIES["MK_BODY_GEMM_TILED"]
 BODY_GEMM_STREAM = BODIES["MK_BODY_GEMM_STREAM"]
 BODY_GEMM_WGMMA = BODIES["MK_BODY_GEMM_WGMMA"]
 BODY_STREAM_PACKED = BODIES["MK_BODY_STREAM_PACKED"]
+BODY_COPY_TAKE = BODIES["MK_BODY_COPY_TAKE"]
 # sm_state.counter of a poll of a flagged word past its deadline: this bit | the tensor slot
 FLAG_WAIT = _enum("mk_flag_wait")["MK_FLAG_WAIT"]
 DTYPE_F32_FLAG = DTYPES["MK_DTYPE_F32_FLAG"]
@@ -164,6 +166,16 @@ def table_bytes(n: int) -> int:
 
 def empty_instrs(n: int) -> np.ndarray:
     return np.zeros(n, dtype=INSTR_DTYPE)
+
+
+def own_counter(instrs: np.ndarray) -> np.ndarray:
+    """Which records name a counter of their own in out_row0 (instr.h), one they add to and
+    never wait on: a streamed band's part where the band has parts (MK_FLAG_STREAM, its
+    combine), a copy's taker (MK_FLAG_COPY_TAKE, its hand-out). mk_validate checks that id
+    like a wait's."""
+    flags = instrs["flags"].astype(np.int64)
+    parts = instrs["param"].astype(np.int64) >> 16
+    return ((flags & FLAG_STREAM) != 0) & (parts > 1) | ((flags & FLAG_COPY_TAKE) != 0)
 
 
 def encode(instrs: np.ndarray) -> bytes:

@@ -176,8 +176,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
             used += options[level]
     ins["n_waits"] = n_waits
 
-    # combine counters of streamed GEMM bands: every part adds one per run (no waits, no
-    # signals: the last part to add runs the epilogue); their targets keep the epoch wrap
+    # counters an op's instructions add to and never wait on (no signals): a streamed GEMM
+    # band's combine (every part adds one per run; the last to add runs the epilogue), a
+    # copy's hand-out (a run adds bands + takers); their targets keep the epoch wrap
     combine_targets = []
     for op, low in zip(units, lowered):
         if low.combine is None:
@@ -185,8 +186,9 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
         s = slice(op_start[op.index], op_start[op.index + 1])
         groups = int(low.combine.max()) + 1
         ins["out_row0"][s] = n_counters + low.combine
-        parts = np.bincount(low.combine, minlength=groups)
-        combine_targets.append((n_counters, parts))
+        adds = (np.bincount(low.combine, minlength=groups) if low.combine_adds is None
+                else np.asarray(low.combine_adds, dtype=np.int64))
+        combine_targets.append((n_counters, adds))
         n_counters += groups
 
     # the virtual counters after every real one: real ids never move
@@ -365,7 +367,7 @@ def lowering_units(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
             writer[op.output.index] = len(units)
             units.append(Unit.of(op))
     ctx = ExpandContext(n_sm=n_sm, first_hidden=len(graph.tensors), n_pages=n_pages,
-                        weight_stream=weight_stream)
+                        weight_stream=weight_stream, readers=readers)
     expanded = [part for u in units if u is not None
                 for part in REGISTRY[u.kind].expand(u, ctx)]
     return [u.with_(index=i) for i, u in enumerate(expanded)], ctx.hidden, dropped

@@ -527,7 +527,9 @@ class SimExecutor:
                or any(int(rec["wait_counter"][k]) >= plan.n_counters
                       for k in range(min(int(rec["n_waits"]), abi.MAX_WAITS)))
                or any(int(rec["signal_counter"][k]) >= plan.n_counters
-                      for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS))))
+                      for k in range(min(int(rec["n_signals"]), abi.MAX_SIGNALS)))
+               or (bool(abi.own_counter(rec))
+                   and not 0 <= int(rec["out_row0"]) < plan.n_counters))
         if not bad and op is not None:
             slots = [int(rec["tensor"][k]) for k in range(abi.MAX_TENSORS)
                      if op.operand_mask >> k & 1]

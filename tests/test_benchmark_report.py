@@ -826,7 +826,7 @@ def _bench_without_gpu(op_ranges, combining=()):
                            plan=SimpleNamespace(n_counters=5))
     b._h, b._stream, b._op_kernel = 7, "stream", "kernel"
     b._op_params = SimpleNamespace(ptr=0x2000)
-    b._op_ranges, b._combining_ops = op_ranges, set(combining)
+    b._op_ranges, b._counting_ops = op_ranges, set(combining)
     b._op_configs = op_launch_configs(op_ranges)
     b._graphs = {}
     return b

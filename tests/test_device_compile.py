@@ -130,6 +130,24 @@ def test_a_resident_build_holds_its_bodies_and_the_resident_kernel(kernel, cache
     assert len(k.cubin) < len(kernel.cubin) / 3
 
 
+def test_only_a_take_build_holds_the_copy_hand_out(cache_dir):
+    """MK_BODY_COPY_TAKE: a copy build with it holds the takers' loop (one more atomic add:
+    the hand-out) and compiles without spills, launched and resident; one without it has
+    no such add (its record check refuses a taker)."""
+    from tests.test_device_gemm_compile import _ptx
+    copy = (1 << abi.OP_NOP) | (1 << abi.OPCODE_OF["copy"])
+    add = re.compile(r"\batom(?:\.\w+)*\.add\.u32\b")
+    plain = len(add.findall(_ptx(compiler.bodies_defines(copy))))
+    take = len(add.findall(_ptx(compiler.bodies_defines(copy | abi.BODY_COPY_TAKE))))
+    assert take > plain, (plain, take)
+    for resident in (False, True):
+        k = compiler.compile_megakernel(
+            ARCH, defines=compiler.bodies_defines(copy | abi.BODY_COPY_TAKE, resident),
+            cache_dir=cache_dir)
+        print(f"\nmegakernel (copy with takers, resident={resident}): {_resources(k)}")
+        assert k.spill_bytes == 0 and k.registers <= MAX_REGISTERS, _resources(k)
+
+
 def test_layout_asserts_compile(cache_dir):
     """cffi's view of instr.h (sizes, offsets, enum values) holds in NVRTC's view too."""
     src = compiler.resolve_includes(abi.layout_asserts(), compiler.DEVICE_DIR)

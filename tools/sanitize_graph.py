@@ -32,7 +32,9 @@ loader copies into pages by tensor copies ahead of their instruction and thread 
 TMA from them, several per SM, one reading another SM's copy (generic stores, then the
 loader's proxy fence), one reading another transpose's TMA-stored tiles (their stores
 waited for and fenced before the signal), with edge tiles between them on the register path;
-as launches and as resident requests.
+and a copy nothing reads, whose two takers take its three bands from a hand-out counter
+(device/ops/copy.cuh: each band broadcast through shared memory); as launches and as
+resident requests.
 A sixth, const_graph, on 2 SMs: streamed GEMMs whose weights are constants packed for the
 stream (wide bands of two parts, narrow bands), each stage one 1-D bulk copy; as launches
 and as resident requests.
@@ -148,12 +150,15 @@ RING_SMS = 2
 
 
 TILES_X, TILES_SMS = (260, 384), 2
+TAKE_X = (3, 20000)   # rows of 80,000 B: three bands of one row (ops/copy.py)
 
 
 def tiles_graph() -> megak.Graph:
     """tt = copy(x)^T, tx = x^T and ttt = tt^T = x (x: TILES_X fp32): six whole 128 x 128
-    tiles and three at the edges each, on TILES_SMS SMs."""
+    tiles and three at the edges each, on TILES_SMS SMs; cx = copy(xc) (TAKE_X: three
+    bands of one row, taken in turn)."""
     g = megak.Graph()
+    g.output(g.copy(g.input("xc", TAKE_X, "float32")), "cx")
     x = g.input("x", TILES_X, "float32")
     tt = g.transpose(g.copy(x))
     g.output(tt, "tt")
@@ -319,6 +324,8 @@ def main(argv=None) -> int:
         if prog4.plan.stream_pages == 0 or not streamed.all():
             raise RuntimeError(f"ring_graph streams no weights (ring of "
                                f"{prog4.plan.stream_pages} pages)")
+        if not (prog5.plan.instrs["flags"] & abi.FLAG_COPY_TAKE).any():
+            raise RuntimeError("tiles_graph's copy of xc has no takers")
         from megak.runtime import packed_weights
         if len(packed_weights.packed_forms(prog6.plan.instrs, prog6.plan.constant_values)) != 2:
             raise RuntimeError("const_graph's weights are not both packed")
@@ -411,8 +418,10 @@ def main(argv=None) -> int:
             results += [check_reference(g6, xs, out6[z], z, f"{z} (packed constant weights)")
                         for z in g6.outputs]
             x = rng.uniform(-1, 1, TILES_X).astype(np.float32)
-            out5 = prog5.run(x=x) if resident is None else resident.submit(prog5, x=x).wait()
-            for name, want in (("tt", x.T), ("tx", x.T), ("ttt", x)):
+            xc = rng.uniform(-1, 1, TAKE_X).astype(np.float32)
+            out5 = (prog5.run(x=x, xc=xc) if resident is None
+                    else resident.submit(prog5, x=x, xc=xc).wait())
+            for name, want in (("tt", x.T), ("tx", x.T), ("ttt", x), ("cx", xc)):
                 same = np.array_equal(out5[name], want)
                 results.append((same, f"{name} (paged transposes): "
                                       f"{'exact' if same else 'differs'}"))

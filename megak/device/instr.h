@@ -80,6 +80,8 @@ enum mk_op_shapes {
                                   their box rows (MK_TRANSPOSE_TILE); fp32, MK_TRANSPOSE_BOX_COLS
                                   columns, the 128-B swizzle */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
+    MK_COPY_TAKE_UNITS = 4096, /* a copy taker's band (MK_FLAG_COPY_TAKE): float4 units of the
+                                  region's body, 16 per compute thread (64 KiB) */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
     MK_REDUCE_MAX_ROWS = 128,
     MK_REDUCE_MAX_COLS = 128,  /* one warp row: 32 lanes x 4 columns */
@@ -204,12 +206,16 @@ enum mk_flags {
                                      stage is two boxes of 32 columns x 128 k-rows (64-B
                                      swizzle) stacked in k, from a map whose ready word is
                                      MK_STREAM_NARROW_READY (else the GEMM loads B itself) */
-    MK_FLAG_STREAM_F32 = 8192     /* with MK_FLAG_STREAM (not _NARROW): an fp32 band of at most
+    MK_FLAG_STREAM_F32 = 8192,    /* with MK_FLAG_STREAM (not _NARROW): an fp32 band of at most
                                      MK_STREAM_F32_COLS columns and one m16 tile, A, B and the
                                      partials fp32, whose ring stage is one box of 32 columns x
                                      128 k-rows (128-B swizzle) from a map whose ready word is
                                      MK_TRANSPOSE_READY (else the GEMM loads B itself); FMAs,
                                      not MMAs (ops/gemm_stream_f32.cuh) */
+    MK_FLAG_COPY_TAKE = 16384     /* copy: taker param of k0 sharing its whole region, whose
+                                     body is bands of MK_COPY_TAKE_UNITS float4 units handed
+                                     out in turn by counter out_row0; a run adds bands + takers
+                                     to it (ops/copy.cuh) */
 };
 
 /* A build's op bodies: the megakernel compiled with -DMK_BODIES=<mask> holds only the bodies
@@ -225,11 +231,13 @@ enum mk_bodies {
     MK_BODY_GEMM_TILED = 1 << 16,   /* fp32 and bf16 tiles (ops/gemm.cuh, gemm_bf16.cuh) */
     MK_BODY_GEMM_STREAM = 1 << 17,  /* MK_FLAG_STREAM (ops/gemm_stream.cuh) */
     MK_BODY_GEMM_WGMMA = 1 << 18,   /* MK_FLAG_WGMMA (ops/gemm_wgmma.cuh) */
-    MK_BODY_STREAM_PACKED = 1 << 19 /* streamed B packed for the stream (a constant's pages,
-                                       mk_packed_b): stages by 1-D bulk copies, every reader
-                                       lane handing its page back (stream.cuh). A build
-                                       without it streams no packed B: such a record loads
-                                       B itself, from the row-major copy */
+    MK_BODY_STREAM_PACKED = 1 << 19, /* streamed B packed for the stream (a constant's pages,
+                                        mk_packed_b): stages by 1-D bulk copies, every reader
+                                        lane handing its page back (stream.cuh). A build
+                                        without it streams no packed B: such a record loads
+                                        B itself, from the row-major copy */
+    MK_BODY_COPY_TAKE = 1 << 20      /* MK_FLAG_COPY_TAKE (ops/copy.cuh): a build without it
+                                        refuses a taker's record (its record check) */
 };
 #ifndef MK_BODIES
 #define MK_BODIES 0xffffffffu

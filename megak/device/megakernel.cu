@@ -245,9 +245,12 @@ __device__ __forceinline__ mk_u32 mk_validate(const mk_instr& in, const mk_param
     /* (a streamed GEMM needs fewer pages than the tiled ones: its op check counts them) */
     bad |= !mk_op_check(in) |
            ((in.pages < mk_op_pages(in.opcode)) & ((in.flags & MK_FLAG_STREAM) == 0u));
-    /* a streamed record with parts names its combine counter in out_row0 (instr.h) */
-    bad |= ((in.flags & MK_FLAG_STREAM) != 0u) & ((in.param >> 16) > 1u) &
-           ((mk_u32)in.out_row0 >= n_counters);
+    /* a record with a counter of its own names it in out_row0 (instr.h): a streamed band's
+     * part where the band has parts (its combine), a copy's taker (its hand-out; a build
+     * without its body refuses the record in mk_copy_check) */
+    const bool combine = ((in.flags & MK_FLAG_STREAM) != 0u) & ((in.param >> 16) > 1u);
+    const bool take = MK_BUILT(MK_BODY_COPY_TAKE) & ((in.flags & MK_FLAG_COPY_TAKE) != 0u);
+    bad |= (combine | take) & ((mk_u32)in.out_row0 >= n_counters);
     return bad ? MK_ERR_BAD_DESCRIPTOR : MK_OK;
 }
 

@@ -33,8 +33,11 @@ class Lowered:
     wait_levels: tuple[str, ...] | None = None  # counter levels consumers may wait on (None:
                                        # any); a grid whose rows are not output rows limits them
     combine: np.ndarray | None = None  # per instruction: its combine group (a band of
-                                       # streamed parts); the scheduler puts the group's
-                                       # counter in out_row0 (instr.h, MK_FLAG_STREAM)
+                                       # streamed parts, a copy's takers); the scheduler puts
+                                       # the group's counter in out_row0 (instr.h,
+                                       # MK_FLAG_STREAM, MK_FLAG_COPY_TAKE)
+    combine_adds: np.ndarray | None = None  # per combine group: what one run adds to its
+                                       # counter (None: one per instruction of the group)
     placement: np.ndarray | None = None  # the order the scheduler places the instructions on
                                        # SMs in (a permutation of 0..n-1; None: row-major):
                                        # instructions placed together run at the same time

@@ -100,12 +100,14 @@ class Unit:
 @dataclass
 class ExpandContext:
     """What `expand` may use: the SM count and pages per SM it lowers for, whether weights
-    may stream (compile's weight_stream), and new hidden tensors."""
+    may stream (compile's weight_stream), how many live graph ops read each tensor (by
+    index), and new hidden tensors."""
     n_sm: int
     first_hidden: int
     hidden: list[Hidden] = field(default_factory=list)
     n_pages: int = DEFAULT_PAGES
     weight_stream: bool = True
+    readers: dict[int, int] = field(default_factory=dict)
 
     def new_tensor(self, shape: tuple[int, int], dtype: str, name: str) -> Hidden:
         t = Hidden(self.first_hidden + len(self.hidden), tuple(int(s) for s in shape), dtype,

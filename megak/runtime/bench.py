@@ -60,9 +60,8 @@ class Bench:
             idx = np.nonzero(ops == op)[0]
             need = int(self._op_instrs["pages"][idx].max())
             self._op_ranges.append((int(op), int(idx[0]), len(idx), need))
-        parts = self._op_instrs["param"].astype(np.int64) >> 16
-        combining = (self._op_instrs["flags"] & abi.FLAG_STREAM).astype(bool) & (parts > 1)
-        self._combining_ops = set(np.unique(ops[combining]).astype(int).tolist())
+        counting = abi.own_counter(self._op_instrs)
+        self._counting_ops = set(np.unique(ops[counting]).astype(int).tolist())
         self._op_kernel = None
         self._graphs = {}   # pdl (bool) -> (CUgraph, CUgraphExec): graph and graph_pdl
 
@@ -177,10 +176,11 @@ class Bench:
         """Enqueue one run: a launch per op in graph order. With `pdl`, every launch after
         the first carries the programmatic stream serialization attribute."""
         from cuda.core import launch
-        if self._combining_ops:
-            # the parts of a streamed band meet on a counter that starts from zero in every
-            # run here (epoch 0: no run state between separate launches); each op has its
-            # own counters, so one memset before the run serves them all
+        if self._counting_ops:
+            # the parts of a streamed band meet on a counter, a copy's takers take bands from
+            # one, that starts from zero in every run here (epoch 0: no run state between
+            # separate launches); each op has its own counters, so one memset before the run
+            # serves them all
             counters = self.ex._dev_buf["counters"]
             mem.memset32(counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
         for k, ((op, first, count, need), cfgs) in enumerate(zip(self._op_ranges,

@@ -1,9 +1,19 @@
 /* The copy's device source (megak/device/ops/copy.cuh, mk_copy_run) run on the CPU, so that
  * its index math is checked as written, not as restated: the scalar head, the float4 body
  * (one unit a thread, or the rolling register pipeline with its walkers), the scalar tail, and
- * the all-scalar path where A and OUT disagree on the 16-B phase.
+ * the all-scalar path where A and OUT disagree on the 16-B phase; and the takers
+ * (MK_FLAG_COPY_TAKE), whose hand-out, broadcast words and bands run as written
+ * (megak/runtime/take_model.py models the protocol; this runs the code).
  *
  *   - 256 std::threads are the compute threads (threadIdx.x each), all running one record;
+ *   - with takers, each taker is a block: its 256 threads, a std::barrier as its compute barrier
+ *     (mk_compute_sync) with threads delayed at random before it, its own control block
+ *     (ctl.copy_band); the takers run at once on one counter (atomicAdd: an atomic_ref, thread
+ *     0 delayed at random before a take), run after run from a given epoch, as a program's
+ *     launches would: each run must take the counter from epoch * (bands + takers) to
+ *     (epoch + 1) * (bands + takers). Built with -fsanitize=thread too
+ *     (test_device_copy_host.py), where a broadcast word written while another thread may
+ *     still read it is a data race;
  *   - A is NaN outside the copied region and OUT everywhere before each run, with fresh values
  *     inside: a unit never copied, a read outside the region or a write outside it shows, and
  *     every access is checked to lie inside its operand's region, a float4 one 16-B aligned
@@ -11,18 +21,21 @@
  * The headers the body includes are replaced by the stand-ins below (their include guards
  * defined first), everything else is the device source itself.
  *
- *   copy ROWS COLS ROW0 COL0 LDA LDO OFFA OFFO RUNS SEED
+ *   copy ROWS COLS ROW0 COL0 LDA LDO OFFA OFFO RUNS SEED [TAKERS EPOCH0]
  *
- * OFFA / OFFO: A's and OUT's origins that many floats past a 16-B boundary (0-3). Prints what
- * failed, and exits 0 when every check holds (4 when a run never ends).
+ * OFFA / OFFO: A's and OUT's origins that many floats past a 16-B boundary (0-3). TAKERS: 0
+ * (the default) one dealt-out record, else that many takers sharing the region, from epoch
+ * EPOCH0. Prints what failed, and exits 0 when every check holds (4 when a run never ends).
  */
 #include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -55,6 +68,29 @@ static void fail(const char* what)
 }
 
 struct mk_pages {};
+struct mk_control {            /* the fields of pages.cuh's the takers read */
+    mk_params params;
+    mk_u32 copy_band[2];
+};
+static thread_local mk_control* t_ctl;
+static thread_local std::barrier<>* t_sync;
+static thread_local std::mt19937 t_rng;
+
+static inline mk_control& mk_ctl() { return *t_ctl; }
+
+static inline void mk_compute_sync()
+{
+    if (t_rng() % 8 == 0)   /* some threads come late */
+        std::this_thread::sleep_for(std::chrono::microseconds(t_rng() % 40));
+    t_sync->arrive_and_wait();
+}
+
+static inline mk_u32 atomicAdd(mk_u32* p, mk_u32 v)
+{
+    if (t_rng() % 4 == 0)   /* the takers' adds in every order */
+        std::this_thread::sleep_for(std::chrono::microseconds(t_rng() % 60));
+    return std::atomic_ref<mk_u32>(*p).fetch_add(v);
+}
 
 /* the copied region of each operand: every access must fall inside it */
 struct region { std::uintptr_t base; mk_u32 ld, row0, rows, col0, cols; };
@@ -163,18 +199,20 @@ static void check_out(const float* A, const float* O, int M, int lda, int ldo, i
 
 int main(int argc, char** argv)
 {
-    if (argc != 11) {
-        std::fprintf(stderr, "usage: %s ROWS COLS ROW0 COL0 LDA LDO OFFA OFFO RUNS SEED\n",
-                     argv[0]);
+    if (argc != 11 && argc != 13) {
+        std::fprintf(stderr, "usage: %s ROWS COLS ROW0 COL0 LDA LDO OFFA OFFO RUNS SEED "
+                             "[TAKERS EPOCH0]\n", argv[0]);
         return 2;
     }
-    int a_[10];
-    for (int i = 0; i < 10; ++i)
+    int a_[12] = {};
+    for (int i = 0; i < argc - 1; ++i)
         a_[i] = std::atoi(argv[i + 1]);
     const int rows = a_[0], cols = a_[1], row0 = a_[2], col0 = a_[3], lda = a_[4], ldo = a_[5];
-    const int offa = a_[6], offo = a_[7], runs = a_[8], seed = a_[9];
+    const int offa = a_[6], offo = a_[7], runs = a_[8], seed = a_[9], takers = a_[10];
+    const int epoch0 = a_[11];
     const int M = row0 + rows + 2;
-    if (lda < col0 + cols || ldo < col0 + cols || offa < 0 || offa > 3 || offo < 0 || offo > 3) {
+    if (lda < col0 + cols || ldo < col0 + cols || offa < 0 || offa > 3 || offo < 0 ||
+        offo > 3 || takers < 0 || epoch0 < 0) {
         std::fprintf(stderr, "LDA and LDO must be >= %d, OFFA and OFFO 0-3\n", col0 + cols);
         return 2;
     }
@@ -198,29 +236,62 @@ int main(int argc, char** argv)
                     MK_DTYPE_F32};
     op[MK_ARG_OUT] = {reinterpret_cast<mk_u64>(O), (mk_u32)M, (mk_u32)ldo, (mk_u32)ldo,
                       MK_DTYPE_F32};
-    mk_instr in = {};
-    in.opcode = MK_OP_COPY;
-    in.row0 = row0;
-    in.col0 = col0;
-    in.rows = rows;
-    in.cols = cols;
-    if (!mk_copy_check(in))
-        fail("mk_copy_check refused the record");
+    /* one block per taker (one for a dealt-out record), each its record and control block */
+    const int blocks = takers > 0 ? takers : 1;
+    std::vector<mk_instr> ins(blocks);
+    for (int k = 0; k < blocks; ++k) {
+        mk_instr& in = ins[k];
+        in = {};
+        in.opcode = MK_OP_COPY;
+        in.row0 = row0;
+        in.col0 = col0;
+        in.rows = rows;
+        in.cols = cols;
+        if (takers > 0) {
+            in.flags = MK_FLAG_COPY_TAKE;
+            in.k0 = takers;
+            in.param = (mk_u32)k;
+            in.out_row0 = 0;      /* counter 0 */
+        }
+        if (!mk_copy_check(in))
+            fail("mk_copy_check refused the record");
+    }
+    const mk_u32 units = (mk_u32)rows * (mk_u32)(cols / 4);
+    const mk_u32 per_run = (units + MK_COPY_TAKE_UNITS - 1) / MK_COPY_TAKE_UNITS + (mk_u32)takers;
+    mk_u32 counter = (mk_u32)epoch0 * per_run;   /* what the runs before left */
 
     for (int run = 0; run < runs && !g_failed; ++run) {
         poison(A, so, M, lda, row0, rows, col0, cols, rng);
+        const mk_u32 epoch = (mk_u32)(epoch0 + run);
+        std::vector<mk_control> ctl(blocks);
+        std::vector<std::unique_ptr<std::barrier<>>> syncs;
+        for (int k = 0; k < blocks; ++k) {
+            ctl[k].params.counters = reinterpret_cast<mk_u64>(&counter);
+            ctl[k].params.epoch = epoch;
+            ctl[k].copy_band[0] = ctl[k].copy_band[1] = 0xdeadbeefu;   /* no take yet */
+            syncs.push_back(std::make_unique<std::barrier<>>(MK_THREADS));
+        }
         std::vector<std::thread> threads;
-        for (unsigned t = 0; t < (unsigned)MK_THREADS; ++t)
-            threads.emplace_back([&, t] {
-                threadIdx.x = t;
-                mk_pages pages;
-                mk_copy_run(in, op, pages);
-            });
+        for (int k = 0; k < blocks; ++k)
+            for (unsigned t = 0; t < (unsigned)MK_THREADS; ++t)
+                threads.emplace_back([&, k, t] {
+                    threadIdx.x = t;
+                    t_ctl = &ctl[k];
+                    t_sync = syncs[k].get();
+                    t_rng.seed((unsigned)seed * 7919u + (unsigned)run * 131u + k * 257u + t);
+                    mk_pages pages;
+                    mk_copy_run(ins[k], op, pages);
+                });
         for (std::thread& th : threads)
             th.join();
         check_out(A, O, M, lda, ldo, row0, rows, col0, cols, run);
+        if (takers > 0 && counter != (epoch + 1u) * per_run) {
+            std::fprintf(stderr, "run %d: the counter ends at %u, not %u\n", run, counter,
+                         (epoch + 1u) * per_run);
+            g_failed = true;
+        }
     }
-    std::printf("%d x %d at (%d, %d), %d runs: %s\n", rows, cols, row0, col0, runs,
-                g_failed ? "FAIL" : "OK");
+    std::printf("%d x %d at (%d, %d), %d takers, %d runs: %s\n", rows, cols, row0, col0, takers,
+                runs, g_failed ? "FAIL" : "OK");
     return g_failed ? 1 : 0;
 }

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import megak
+from megak import abi
 from tests.reference import assert_close, evaluate
 
 pytestmark = pytest.mark.gpu
@@ -58,6 +59,18 @@ class Case:
         assert_close(self.y.cpu().float().numpy(), self.value, self.bound, what)
 
 
+def run_rounds(r, cases, rounds):
+    """`rounds` times: every (program, Case) request submitted on its poisoned output, then
+    each waited for and checked."""
+    for rnd in range(rounds):
+        for _, c in cases:
+            c.poison()
+        handles = [r.submit(p, out={"y": c.y}, **c.inputs) for p, c in cases]
+        for i, ((_, c), h) in enumerate(zip(cases, handles)):
+            assert h.wait()["y"] is c.y and h.done()
+            c.check(f"round {rnd} request {i}")
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261201)
@@ -70,13 +83,7 @@ def test_requests_of_two_programs_run_in_order(rng):
                  for i in range(12)]
         torch.cuda.synchronize()
         with megak.resident(a, b) as r:
-            for rnd in range(3):
-                for _, c in cases:
-                    c.poison()
-                handles = [r.submit(p, out={"y": c.y}, **c.inputs) for p, c in cases]
-                for i, ((_, c), h) in enumerate(zip(cases, handles)):
-                    assert h.wait()["y"] is c.y and h.done()
-                    c.check(f"round {rnd} request {i}")
+            run_rounds(r, cases, 3)
             assert r.launches == 1
 
 
@@ -374,6 +381,21 @@ def test_paged_transposes_in_requests(rng):
                                               err_msg=f"request {i}")
     finally:
         prog.close()
+
+
+def test_copies_taken_in_turn_in_requests(rng):
+    """A copy whose takers share a hand-out counter, requested again and again between
+    requests of another program: each request hands every band out once more (the counter
+    runs on from the last request's bands + takers), every result exact on a poisoned
+    output."""
+    gc, gm = copy_graph((2048, 1000)), chain_graph(2)
+    with megak.compile(gc, backend="cuda") as c, megak.compile(gm, backend="cuda") as m:
+        ins = c.plan.instrs
+        assert ((ins["flags"] & abi.FLAG_COPY_TAKE) != 0).sum() > 1
+        cases = [(c, Case(gc, rng)) if i % 2 else (m, Case(gm, rng)) for i in range(8)]
+        torch.cuda.synchronize()
+        with megak.resident(c, m) as r:
+            run_rounds(r, cases, 4)
 
 
 def test_stress_many_requests_of_random_programs(rng):

@@ -1,6 +1,52 @@
 /* MK_OP_COPY: out[r, c] = A[r, c] for r in [row0, row0 + rows), c in [col0, col0 + cols).
  * No pages (MK_COPY_PAGES = 0). Operands: MK_ARG_A, MK_ARG_OUT.
  *
+ * A record with MK_FLAG_COPY_TAKE is taker `param` of k0 sharing its region (megak/ops/copy.py:
+ * one per SM). The region's body (its first cols / 4 * 4 columns, as float4 units in row-major
+ * order) is bands of MK_COPY_TAKE_UNITS units (64 KiB), handed out in turn by the counter in
+ * out_row0; the block copies whichever band it is handed until none is left. Why: with bands
+ * dealt out in advance, the SMs that run slower (the HBM channels they meet, the other work on
+ * the SM) set the copy's end while the others idle; taken in turn, a block that ran ahead
+ * takes the next band (benchmarks/ANALYSIS.md: 1 GiB at 3,841 GB/s dealt out, 4,118 taken, in
+ * a probe of this footprint: 16 float4 a thread loaded, then stored, per 64 KiB band). The
+ * hand-out, in order:
+ *  - thread 0: old = atomicAdd(counter, 1) (relaxed: it publishes no data, each band is
+ *    written only by whoever was handed it; atomicity alone makes every value handed out
+ *    once); band = old - epoch * (bands + takers). A taker's last take finds band >= bands,
+ *    so each taker adds (bands it took + 1) and a run adds exactly bands + takers: the counter
+ *    starts run `epoch` at epoch * (bands + takers) (runs never overlap: a launch or a request
+ *    boundary orders the last run's adds before this run's, as for the dependency counters),
+ *    and the host's target for it, bands + takers, keeps the epoch wrap and the zeroing after
+ *    a failed run (megakernel.cu) right;
+ *  - thread 0 stores band in ctl.copy_band[i & 1] (take i), then the compute barrier; every
+ *    thread reads it after the barrier. Take i + 1 is made while band i is copied (thread 0's
+ *    atomic right after the band's loads are issued, its round trip under theirs) and stored
+ *    before the barrier that ends band i. Two words, one barrier per take: thread 0 writes
+ *    word (i + 1) & 1 only after passing the barrier that ended band i - 1, before which
+ *    every thread read that word (take i - 1) (and the interpreter's compute barrier after
+ *    every op orders a taker's last read before the next instruction's first take);
+ *  - band >= bands (the same word for every thread): the whole block leaves; otherwise each
+ *    thread copies units band * MK_COPY_TAKE_UNITS + t + 256 k, k < 16: 16 float4 loads,
+ *    (thread 0: the next take), then their stores, straight-line code (a loop around the
+ *    register pipeline made ptxas move the build of every body's registers from the fp32
+ *    GEMM to the interpreter, with spills in the GEMM's loops). Where the body is one run of
+ *    units in both tensors (one row, or rows without padding: a whole tensor) unit j lies at
+ *    4 j floats and the 16 loads are one address and immediate offsets; otherwise one
+ *    division per band places a (row, column) walk. Why two forms: every warp leaves the
+ *    barrier together, and the walk's 16 steps with their row wraps put ~250 instructions
+ *    before a band's first load on all of them at once, an SM with nothing in flight; 1 GiB
+ *    on an H100 took 728 us with the walk and 713 us (cuMemcpy's 3,008 GB/s) flat
+ *    (benchmarks/results/takers-flat/).
+ * The loop ends after at most bands + 1 takes whatever the counter holds (a stale counter
+ * makes `band` wrap past bands: the block leaves). The tail columns (cols % 4) of a static
+ * share of the rows (taker k: rows [k rows / k0, (k + 1) rows / k0)) are each taker's own.
+ * Where A or OUT is not 16-B aligned (a caller's tensor), there is no body: each taker copies
+ * its static share of the rows as a dealt-out record would and adds, in one add, its share
+ * of the run's count (taker 0: bands + 1, the others 1). The consumers wait for every
+ * taker's signal (the op's counter). megak/runtime/take_model.py checks the hand-out in every
+ * interleaving it draws, with the misuses it catches; tests/host_run/copy.cpp runs this code
+ * itself on CPU threads (under ThreadSanitizer too).
+ *
  * Pure bandwidth. Why it is shaped like this:
  *  - The region is walked as one linear index space of (row, column-unit) pairs, thread t
  *    taking units t, t + 256, ...: every warp touches 32 consecutive units (512 contiguous
@@ -54,10 +100,13 @@ enum {
 };
 static_assert(MK_COPY_PAGES == 0, "the copy streams through registers: it needs no pages");
 
-/* Record-only limits, checked before every run. */
+/* Record-only limits, checked before every run (a taker's counter: mk_validate). */
 __device__ __forceinline__ bool mk_copy_check(const mk_instr& in)
 {
-    return in.row0 >= 0 && in.col0 >= 0 && in.rows >= 0 && in.cols >= 0;
+    const bool take = (in.flags & MK_FLAG_COPY_TAKE) != 0u;
+    return in.row0 >= 0 && in.col0 >= 0 && in.rows >= 0 && in.cols >= 0 &&
+           (!take || (MK_BUILT(MK_BODY_COPY_TAKE) && in.k0 >= 1 && in.param < (mk_u32)in.k0 &&
+                      in.cols >= 4 && (mk_u64)in.rows * (mk_u32)(in.cols >> 2) < (1ull << 31)));
 }
 
 /* Debug mode: the region lies inside both tensors (each fp32, or flagged: flag.cuh). */
@@ -175,21 +224,15 @@ __device__ __forceinline__ void mk_copy_stream(const float* src, mk_u32 lds, flo
     }
 }
 
-__device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor* op,
-                                            const mk_pages& pages)
+/* Rows [row0, row0 + rows) of the record's columns, fp32 A and OUT. */
+__device__ __forceinline__ void mk_copy_rows(const mk_instr& in, const mk_tensor* op, int row0,
+                                             int rows)
 {
-    (void)pages;
     const mk_tensor& A = op[MK_ARG_A];
     const mk_tensor& O = op[MK_ARG_OUT];
-    const int rows = in.rows, cols = in.cols;
-    if (rows <= 0 || cols <= 0)
-        return;
-    if (mk_flag_any(op, false)) {
-        mk_flag_elementwise<false>(in, op);   /* a small tensor whose data is its flag */
-        return;
-    }
-    const float* s = reinterpret_cast<const float*>(A.ptr) + (mk_u64)in.row0 * A.ld + in.col0;
-    float* d = reinterpret_cast<float*>(O.ptr) + (mk_u64)in.row0 * O.ld + in.col0;
+    const int cols = in.cols;
+    const float* s = reinterpret_cast<const float*>(A.ptr) + (mk_u64)row0 * A.ld + in.col0;
+    float* d = reinterpret_cast<float*>(O.ptr) + (mk_u64)row0 * O.ld + in.col0;
 
     const mk_u32 phase_s = (mk_u32)((mk_u64)s >> 2) & 3u;
     const mk_u32 phase_d = (mk_u32)((mk_u64)d >> 2) & 3u;
@@ -215,6 +258,129 @@ __device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor*
     } else {
         mk_copy_rect<16>(s, A.ld, d, O.ld, rows, cols);   /* 4-B units: more in flight */
     }
+}
+
+/* Bands of a taker's region: its body's float4 units (< 2^31: mk_copy_check) in bands of
+ * MK_COPY_TAKE_UNITS. */
+__device__ __forceinline__ mk_u32 mk_copy_bands(const mk_instr& in)
+{
+    const mk_u32 units = (mk_u32)in.rows * (mk_u32)(in.cols >> 2);
+    return (units + (MK_COPY_TAKE_UNITS - 1u)) / MK_COPY_TAKE_UNITS;
+}
+
+/* Taker `in.param`'s static share of the rows: [row0 + lo, row0 + hi). */
+__device__ __forceinline__ void mk_copy_share(const mk_instr& in, int& lo, int& hi)
+{
+    const mk_u64 k = in.param, n = (mk_u64)in.k0, rows = (mk_u64)in.rows;
+    lo = (int)(k * rows / n);
+    hi = (int)((k + 1u) * rows / n);
+}
+
+/* One taker (MK_FLAG_COPY_TAKE; the hand-out and why: top of the file) where A and OUT are
+ * 16-B aligned: the bands it is handed, then its share's tail columns. False, having added
+ * its share of the run's count, where they are not: the caller copies its share. */
+__device__ __forceinline__ bool mk_copy_take(const mk_instr& in, const mk_tensor* op)
+{
+    mk_control& ctl = mk_ctl();
+    const mk_tensor& A = op[MK_ARG_A];
+    const mk_tensor& O = op[MK_ARG_OUT];
+    const float* const s = reinterpret_cast<const float*>(A.ptr) + (mk_u64)in.row0 * A.ld + in.col0;
+    float* const d = reinterpret_cast<float*>(O.ptr) + (mk_u64)in.row0 * O.ld + in.col0;
+    const mk_u32 bands = mk_copy_bands(in);
+    mk_u32* const counter = reinterpret_cast<mk_u32*>(ctl.params.counters) + (mk_u32)in.out_row0;
+    if ((((mk_u64)s | (mk_u64)d) & 15u) != 0u || ((A.ld | O.ld) & 3u) != 0u) {
+        if (threadIdx.x == 0)
+            atomicAdd(counter, in.param == 0u ? bands + 1u : 1u);
+        return false;
+    }
+    const int rows = in.rows, units = in.cols >> 2;
+    const mk_u32 base = ctl.params.epoch * (bands + (mk_u32)in.k0);
+    const int dr = MK_THREADS / units, dc = MK_THREADS % units;
+    const mk_u64 step_s = 4ull * ((mk_u64)dr * A.ld + 4u * (mk_u32)dc);
+    const mk_u64 step_d = 4ull * ((mk_u64)dr * O.ld + 4u * (mk_u32)dc);
+    const mk_u64 wrap_s = 4ull * ((mk_u64)A.ld - 4u * (mk_u32)units);
+    const mk_u64 wrap_d = 4ull * ((mk_u64)O.ld - 4u * (mk_u32)units);
+    /* the body is one run of units in both tensors: one row, or rows of no padding */
+    const bool flat = rows == 1 || (A.ld == 4u * (mk_u32)units && O.ld == 4u * (mk_u32)units);
+    const mk_u32 total = (mk_u32)rows * (mk_u32)units;
+    /* take 0 here; take i + 1 right after band i's loads are issued, so that its round trip
+     * runs under theirs (its word, (i + 1) & 1, written before the barrier that ends band i:
+     * every thread read that word, take i - 1's, before arriving at the barrier that ended
+     * band i - 1, which thread 0 passed before it writes) */
+    if (threadIdx.x == 0)
+        ctl.copy_band[0] = atomicAdd(counter, 1u) - base;
+    mk_compute_sync();
+    for (mk_u32 i = 0;; ++i) {
+        const mk_u32 band = ctl.copy_band[i & 1u];
+        if (band >= bands)
+            break;
+        const mk_u32 first = band * MK_COPY_TAKE_UNITS + threadIdx.x;
+        float4 x[MK_COPY_TAKE_UNITS / MK_THREADS];
+        mk_u32 next = 0;
+        if (flat) {   /* one contiguous run of units: unit j at s + 4 j, offsets immediate */
+            const float* const from = s + 4ull * first;
+            float* const to = d + 4ull * first;
+#pragma unroll
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k)
+                x[k] = first + (mk_u32)(k * MK_THREADS) < total
+                           ? mk_ld_f4(from + 4 * k * MK_THREADS)
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (threadIdx.x == 0)
+                next = atomicAdd(counter, 1u);
+#pragma unroll
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k)
+                if (first + (mk_u32)(k * MK_THREADS) < total)
+                    mk_st_f4(to + 4 * k * MK_THREADS, x[k]);
+        } else {
+            const int r = (int)(first / (mk_u32)units), c = (int)(first % (mk_u32)units);
+            mk_copy_walk in_w = {r, c, (mk_u64)(s + (mk_u64)r * A.ld + 4 * c)};
+            mk_copy_walk out_w = {r, c, (mk_u64)(d + (mk_u64)r * O.ld + 4 * c)};
+#pragma unroll
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k) {
+                x[k] = in_w.r < rows ? mk_ld_f4(reinterpret_cast<const float*>(in_w.at))
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+                in_w.next(dr, dc, units, step_s, wrap_s);
+            }
+            if (threadIdx.x == 0)
+                next = atomicAdd(counter, 1u);
+#pragma unroll
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k) {
+                if (out_w.r < rows)
+                    mk_st_f4(reinterpret_cast<float*>(out_w.at), x[k]);
+                out_w.next(dr, dc, units, step_d, wrap_d);
+            }
+        }
+        if (threadIdx.x == 0)
+            ctl.copy_band[(i + 1u) & 1u] = next - base;
+        mk_compute_sync();
+    }
+    int lo, hi;
+    mk_copy_share(in, lo, hi);
+    mk_copy_rect<4>(s + (mk_u64)lo * A.ld + 4 * units, A.ld, d + (mk_u64)lo * O.ld + 4 * units,
+                    O.ld, hi - lo, in.cols & 3);
+    return true;
+}
+
+__device__ __forceinline__ void mk_copy_run(const mk_instr& in, const mk_tensor* op,
+                                            const mk_pages& pages)
+{
+    (void)pages;
+    if (in.rows <= 0 || in.cols <= 0)
+        return;
+    if (mk_flag_any(op, false)) {
+        mk_flag_elementwise<false>(in, op);   /* a small tensor whose data is its flag */
+        return;
+    }
+    int row0 = in.row0, rows = in.rows;
+    if (MK_BUILT(MK_BODY_COPY_TAKE) && (in.flags & MK_FLAG_COPY_TAKE) != 0u) {
+        if (mk_copy_take(in, op))
+            return;
+        int lo, hi;   /* not aligned: this taker's share, as a dealt-out record */
+        mk_copy_share(in, lo, hi);
+        row0 += lo;
+        rows = hi - lo;
+    }
+    mk_copy_rows(in, op, row0, rows);
 }
 
 #endif /* MEGAK_OP_COPY_CUH */
