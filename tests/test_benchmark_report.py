@@ -822,10 +822,13 @@ def _bench_without_gpu(op_ranges, combining=()):
 
     from megak.runtime.bench import Bench, op_launch_configs
     b = Bench.__new__(Bench)   # no program, no GPU: the launch sequence only
-    b.ex = SimpleNamespace(_dev_buf={"counters": SimpleNamespace(ptr=0x1000)},
+    # the program's counters elsewhere: the separate launches zero their own (0x1000)
+    b.ex = SimpleNamespace(_dev_buf={"counters": SimpleNamespace(ptr=0x3000)},
                            plan=SimpleNamespace(n_counters=5))
     b._h, b._stream, b._op_kernel = 7, "stream", "kernel"
     b._op_params = SimpleNamespace(ptr=0x2000)
+    if combining:
+        b._op_counters = SimpleNamespace(ptr=0x1000)
     b._op_ranges, b._counting_ops = op_ranges, set(combining)
     b._op_configs = op_launch_configs(op_ranges)
     b._graphs = {}

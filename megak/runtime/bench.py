@@ -162,6 +162,13 @@ class Bench:
         p["instrs"] = self._op_dev.ptr
         p["tensors"] = ex._dev_buf["tensors"].ptr
         p["trace"] = 0
+        if self._counting_ops:
+            # counters of their own (the parts of a streamed band, a copy's takers:
+            # _launch_ops zeroes them every run), so the megakernel's keep its run state: a
+            # later run of the program waits on them with its epoch's targets
+            self._op_counters = self._memory.device(4 * max(ex.plan.n_counters, 1),
+                                                    "separate: counters")
+            p["counters"] = self._op_counters.ptr
         pbuf = host.array(np.uint8, (len(data) + abi.PARAMS_DTYPE.itemsize,))[len(data):]
         pbuf[:] = np.frombuffer(p.tobytes(), np.uint8)
         self._op_params = self._memory.device(abi.PARAMS_DTYPE.itemsize, "separate: params")
@@ -181,8 +188,7 @@ class Bench:
             # one, that starts from zero in every run here (epoch 0: no run state between
             # separate launches); each op has its own counters, so one memset before the run
             # serves them all
-            counters = self.ex._dev_buf["counters"]
-            mem.memset32(counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
+            mem.memset32(self._op_counters.ptr, 0, max(self.ex.plan.n_counters, 1), self._h)
         for k, ((op, first, count, need), cfgs) in enumerate(zip(self._op_ranges,
                                                                   self._op_configs)):
             cfg = cfgs[1] if pdl and k > 0 else cfgs[0]
@@ -253,7 +259,7 @@ class Bench:
             drv.cuGraphExecDestroy(exec_)
             drv.cuGraphDestroy(graph)
         self._graphs.clear()
-        for name in ("_flush", "_op_dev", "_op_params"):
+        for name in ("_flush", "_op_dev", "_op_params", "_op_counters"):
             buf = getattr(self, name, None)
             if buf is not None:
                 self._memory.free(buf)
