@@ -29,6 +29,8 @@ bytes / median (read + write). L2 is not flushed (1 GiB >> 60 MB).
 
 On the H200 (--occupancy): the one-shot grid 4,242 GB/s; bands dealt out at most 4,005 (16
 warps), 3,841 with megak's 8; 64 KiB bands taken in turn 4,118 with 8 warps, 4,178 with 16.
+On an H100: cuMemcpyDtoD 3,010; 64 KiB block bands taken 3,020-3,033, warps taking their own
+8 KiB bands 3,011, 32 KiB 2,929 (benchmarks/results/warp-takers/occupancy-h100.log).
 """
 import argparse
 import ctypes
