@@ -421,9 +421,11 @@ def main(argv=None) -> int:
             xc = rng.uniform(-1, 1, TAKE_X).astype(np.float32)
             out5 = (prog5.run(x=x, xc=xc) if resident is None
                     else resident.submit(prog5, x=x, xc=xc).wait())
-            for name, want in (("tt", x.T), ("tx", x.T), ("ttt", x), ("cx", xc)):
+            for name, want, what in (("tt", x.T, "paged transposes"),
+                                     ("tx", x.T, "paged transposes"),
+                                     ("ttt", x, "paged transposes"), ("cx", xc, "taken copy")):
                 same = np.array_equal(out5[name], want)
-                results.append((same, f"{name} (paged transposes): "
+                results.append((same, f"{name} ({what}): "
                                       f"{'exact' if same else 'differs'}"))
             how = "resident request" if resident is not None else "run"
             for good, msg in results:
