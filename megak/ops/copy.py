@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import abi
 from ..graph import check_float32_only
+from ..runtime.take_model import per_run_count
 from ._lowering import Lowered, Region, cost_ns, edges
 from .base import OpDef, region
 
@@ -106,7 +107,8 @@ class Copy(OpDef):
                               "k0": np.full(n, n, dtype=np.int64),
                               "param": np.arange(n, dtype=np.int64)},
                        flags=abi.FLAG_COPY_TAKE, wait_levels=("op",),
-                       combine=zeros, combine_adds=np.array([bands + n], dtype=np.int64))
+                       combine=zeros,
+                       combine_adds=np.array([per_run_count(n, bands)], dtype=np.int64))
 
     def bodies(self, recs) -> int:
         take = (recs["flags"] & abi.FLAG_COPY_TAKE) != 0
@@ -139,7 +141,7 @@ class Copy(OpDef):
             return self.reads(rec, tensors)
         c, units = int(rec["out_row0"]), cn // 4
         bands = take_bands(rn, cn)
-        base = epoch * (bands + int(rec["k0"]))
+        base = epoch * per_run_count(int(rec["k0"]), bands)
         while True:
             old = int(counters[c])
             counters[c] = (old + 1) & 0xFFFFFFFF
