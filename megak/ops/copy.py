@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import abi
 from ..graph import check_float32_only
-from ..runtime.take_model import per_run_count
 from ._lowering import Lowered, Region, cost_ns, edges
 from .base import OpDef, region
 
@@ -39,6 +38,13 @@ def take_bands(rows: int, cols: int) -> int:
     """Bands of a taken copy: its body (the first cols // 4 * 4 columns) as float4 units in
     row-major order, TAKE_UNITS a band (device/ops/copy.cuh, mk_copy_bands)."""
     return -(-rows * (cols // 4) // TAKE_UNITS)
+
+
+def per_run_count(takers: int, bands: int) -> int:
+    """What one good run of a taken copy adds to its counter: every band once, and each
+    taker's last take, the one that finds none left (device/ops/copy.cuh; the lowering's
+    combine_adds, the simulator's epoch base and runtime/take_model.py all count by it)."""
+    return bands + takers
 
 
 def take_share(taker: int, takers: int, rows: int) -> tuple[int, int]:

@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..ops.copy import per_run_count
 from .resident_model import PROGRESS, Actor, ModelViolation, interleave
 
 U32 = 0xFFFF_FFFF
@@ -70,11 +71,6 @@ class TakeViolation(ModelViolation):
 def _require(ok: bool, rule: int, message: str) -> None:
     if not ok:
         raise TakeViolation(rule, message)
-
-
-def per_run_count(takers: int, bands: int) -> int:
-    """What one good run adds to the counter: every band once, and each taker's last take."""
-    return bands + takers
 
 
 class BlockBarrier:

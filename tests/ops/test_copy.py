@@ -39,7 +39,6 @@ def takers_of(prog):
     ((300, 129), 4, 3, 3),              # fewer bands than SMs: a taker per band
     ((7, 1 << 16), 8, 8, 28)])          # a row is four bands
 def test_a_copy_nothing_reads_is_taken_in_turn(shape, n_sm, takers, bands):
-    from megak.runtime.take_model import per_run_count
     from megak.scheduler import build_plan
     g = megak.Graph()
     g.output(g.copy(g.input("x", shape, "float32")), "y")
@@ -51,10 +50,10 @@ def test_a_copy_nothing_reads_is_taken_in_turn(shape, n_sm, takers, bands):
     assert (ins["k0"] == takers).all() and sorted(ins["param"].tolist()) == list(range(takers))
     assert copy.take_bands(*shape) == bands
     assert copy.TAKE_UNITS * 16 == 64 << 10
-    # one hand-out counter, its per-run target the model's: every band, and each taker's
-    # last take that finds none left
+    # one hand-out counter, its per-run target the op's count (the model's too): every band,
+    # and each taker's last take that finds none left
     (c,) = set(ins["out_row0"].tolist())
-    assert int(plan.counter_targets[c]) == per_run_count(takers, bands) == bands + takers
+    assert int(plan.counter_targets[c]) == copy.per_run_count(takers, bands) == bands + takers
     sm = np.searchsorted(plan.queue_start, np.arange(len(ins)), side="right")
     assert len(set(sm.tolist())) == takers                       # one per SM
     assert copy.OP.bodies(ins) == 1 << copy.OP.opcode | abi.BODY_COPY_TAKE
