@@ -178,7 +178,7 @@ def build_plan(graph: Graph, n_sm: int, n_pages: int = pages.DEFAULT_PAGES,
 
     # counters an op's instructions add to and never wait on (no signals): a streamed GEMM
     # band's combine (every part adds one per run; the last to add runs the epilogue), a
-    # copy's hand-out (a run adds bands + takers); their targets keep the epoch wrap
+    # copy's hand-out (a run adds bands + 8 x takers); their targets keep the epoch wrap
     combine_targets = []
     for op, low in zip(units, lowered):
         if low.combine is None:

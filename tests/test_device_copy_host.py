@@ -1,8 +1,8 @@
 """The copy's device source run on the CPU (tests/host_run/copy.cpp): 256 threads as its
 compute threads on one record, A poisoned around the region and OUT everywhere, every access
 checked to lie inside its operand's region (a float4 one 16-B aligned), the region checked bit
-for bit; and takers (MK_FLAG_COPY_TAKE), a block of 256 threads and a barrier each, sharing one
-counter run after run, under ThreadSanitizer too. Skips without g++ and C++20.
+for bit; and takers (MK_FLAG_COPY_TAKE), a block of 256 threads whose warps take bands for
+themselves (a shuffle each), sharing one counter run after run, under ThreadSanitizer too. Skips without g++ and C++20.
 
 GPU correctness goes through the public API (tests/ops/test_copy.py)."""
 from __future__ import annotations
@@ -28,14 +28,16 @@ CASES = {
 
 # takers: (rows, cols, row0, col0, lda, ldo, A's and OUT's offsets, takers, first epoch)
 TAKERS = {
-    "7-bands-3-takers": (100, 1000, 3, 4, 1012, 1020, 0, 0, 3, 2),
+    "49-bands-3-takers": (100, 1000, 3, 4, 1012, 1020, 0, 0, 3, 2),
     "tail-columns-5-takers": (100, 1003, 3, 4, 1012, 1020, 0, 0, 5, 7),
-    "40-bands-6-takers": (400, 1600, 1, 0, 1604, 1608, 0, 0, 6, 3),
-    "1-band-4-takers": (9, 8, 0, 0, 8, 8, 0, 0, 4, 1),
+    "313-bands-6-takers": (400, 1600, 1, 0, 1604, 1608, 0, 0, 6, 3),
+    "1-band-4-takers": (9, 8, 0, 0, 8, 8, 0, 0, 4, 1),          # 31 of the 32 warps take none
+    "narrow-rows-walked": (700, 12, 1, 4, 20, 24, 0, 0, 3, 1),  # 3 units a row: a warp's step
+                                                                # spans 10 rows
     "one-taker": (1, 4, 0, 0, 4, 4, 0, 0, 1, 0),
     # one run of units in both tensors (rows without padding, or one row): the flat bands
-    "flat-19-bands-4-takers": (300, 1000, 5, 0, 1000, 1000, 0, 0, 4, 2),
-    "flat-one-row-3-bands": (1, 40000, 0, 0, 40000, 40000, 0, 0, 3, 1),
+    "flat-147-bands-4-takers": (300, 1000, 5, 0, 1000, 1000, 0, 0, 4, 2),
+    "flat-one-row-20-bands": (1, 40000, 0, 0, 40000, 40000, 0, 0, 3, 1),
     "a-without-padding-out-with": (300, 1000, 0, 0, 1000, 1004, 0, 0, 3, 1),
     "a-off-16-B": (100, 1000, 3, 4, 1012, 1020, 1, 0, 3, 0),   # static shares of the rows
     "out-pitch-odd": (7, 9, 0, 0, 16, 13, 0, 0, 3, 1),
@@ -54,18 +56,26 @@ MUTATIONS = {
     "vector-path-on-A-pitch-alone": (
         "ops/copy.cuh", "((A.ld | O.ld) & 3u) == 0", "(A.ld & 3u) == 0"),
     "takers-without-the-epoch": (
-        "ops/copy.cuh", "const mk_u32 base = ctl.params.epoch * (bands + (mk_u32)in.k0);",
+        "ops/copy.cuh",
+        "const mk_u32 base = ctl.params.epoch * (bands + MK_COPY_TAKE_WARPS * (mk_u32)in.k0);",
         "const mk_u32 base = ctl.params.epoch * bands;"),
-    "a-last-take-that-copies": ("ops/copy.cuh", "if (band >= bands)", "if (band > bands)"),
+    "a-base-of-one-last-take-a-taker": (
+        "ops/copy.cuh",
+        "const mk_u32 base = ctl.params.epoch * (bands + MK_COPY_TAKE_WARPS * (mk_u32)in.k0);",
+        "const mk_u32 base = ctl.params.epoch * (bands + (mk_u32)in.k0);"),
+    "a-last-take-that-copies": ("ops/copy.cuh", "while (band < bands)", "while (band <= bands)"),
+    "no-exchange": ("ops/copy.cuh", "return __shfl_sync(0xffffffffu, old, 0) - base;",
+                    "return old - base;"),
     "flat-stores-past-the-end": (
-        "ops/copy.cuh", "                if (first + (mk_u32)(k * MK_THREADS) < total)\n",
-        "                if (first + (mk_u32)(k * MK_THREADS) <= total)\n"),
+        "ops/copy.cuh", "                if (first + (mk_u32)(32 * k) < total)\n",
+        "                if (first + (mk_u32)(32 * k) <= total)\n"),
     "flat-on-the-a-pitch-alone": (
         "ops/copy.cuh", "(A.ld == 4u * (mk_u32)units && O.ld == 4u * (mk_u32)units)",
         "(A.ld == 4u * (mk_u32)units)"),
     "unaligned-takers-count-short": (
-        "ops/copy.cuh", "atomicAdd(counter, in.param == 0u ? bands + 1u : 1u);",
-        "atomicAdd(counter, in.param == 0u ? bands : 1u);"),
+        "ops/copy.cuh",
+        "atomicAdd(counter, in.param == 0u ? bands + MK_COPY_TAKE_WARPS : MK_COPY_TAKE_WARPS);",
+        "atomicAdd(counter, in.param == 0u ? bands + 1u : MK_COPY_TAKE_WARPS);"),
 }
 
 
@@ -93,11 +103,11 @@ def tsan_harness(tmp_path_factory):
     return host_build.build("copy", tmp_path_factory.mktemp("host-run-tsan"), tsan=True)
 
 
-@pytest.mark.parametrize("case", [TAKERS["7-bands-3-takers"], TAKERS["1-band-4-takers"]],
-                         ids=["7-bands", "1-band"])
+@pytest.mark.parametrize("case", [TAKERS["49-bands-3-takers"], TAKERS["1-band-4-takers"]],
+                         ids=["49-bands", "1-band"])
 def test_copy_takers_race_free_on_the_host(tsan_harness, case):
-    # ThreadSanitizer reports a data race (and fails the run) where a broadcast word is
-    # written while a thread of the block may still read it
+    # ThreadSanitizer reports a data race (and fails the run) where a word is written while
+    # another thread may still read it
     done = host_build.run(tsan_harness, *case[:8], 2, 1, *case[8:])
     assert host_build.passed(done), (done.stdout, done.stderr[-3000:])
 

@@ -32,9 +32,9 @@ loader copies into pages by tensor copies ahead of their instruction and thread 
 TMA from them, several per SM, one reading another SM's copy (generic stores, then the
 loader's proxy fence), one reading another transpose's TMA-stored tiles (their stores
 waited for and fenced before the signal), with edge tiles between them on the register path;
-and a copy nothing reads, whose two takers take its three bands from a hand-out counter
-(device/ops/copy.cuh: each band broadcast through shared memory); as launches and as
-resident requests.
+and a copy nothing reads, whose two takers' warps take its 30 bands from a hand-out counter
+(device/ops/copy.cuh: each band given to its warp by a shuffle); as launches and as resident
+requests.
 A sixth, const_graph, on 2 SMs: streamed GEMMs whose weights are constants packed for the
 stream (wide bands of two parts, narrow bands), each stage one 1-D bulk copy; as launches
 and as resident requests.
@@ -150,13 +150,13 @@ RING_SMS = 2
 
 
 TILES_X, TILES_SMS = (260, 384), 2
-TAKE_X = (3, 20000)   # rows of 80,000 B: three bands of one row (ops/copy.py)
+TAKE_X = (3, 20000)   # rows of 80,000 B: 30 bands of 8 KiB across them (ops/copy.py)
 
 
 def tiles_graph() -> megak.Graph:
     """tt = copy(x)^T, tx = x^T and ttt = tt^T = x (x: TILES_X fp32): six whole 128 x 128
-    tiles and three at the edges each, on TILES_SMS SMs; cx = copy(xc) (TAKE_X: three
-    bands of one row, taken in turn)."""
+    tiles and three at the edges each, on TILES_SMS SMs; cx = copy(xc) (TAKE_X: 30 bands,
+    taken in turn by the warps of two takers)."""
     g = megak.Graph()
     g.output(g.copy(g.input("xc", TAKE_X, "float32")), "cx")
     x = g.input("x", TILES_X, "float32")

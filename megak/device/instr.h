@@ -80,8 +80,9 @@ enum mk_op_shapes {
                                   their box rows (MK_TRANSPOSE_TILE); fp32, MK_TRANSPOSE_BOX_COLS
                                   columns, the 128-B swizzle */
     MK_COPY_PAGES = 0,         /* register pipeline: 64 KiB of loads in flight per SM */
-    MK_COPY_TAKE_UNITS = 4096, /* a copy taker's band (MK_FLAG_COPY_TAKE): float4 units of the
-                                  region's body, 16 per compute thread (64 KiB) */
+    MK_COPY_TAKE_UNITS = 512,  /* a copy taker warp's band (MK_FLAG_COPY_TAKE): float4 units of
+                                  the region's body, 16 per lane (8 KiB) */
+    MK_COPY_TAKE_WARPS = 8,    /* the warps of a taker that take bands: every compute warp */
     MK_REDUCE_PAGES = 0,       /* global -> registers -> global */
     MK_REDUCE_MAX_ROWS = 128,
     MK_REDUCE_MAX_COLS = 128,  /* one warp row: 32 lanes x 4 columns */
@@ -214,8 +215,8 @@ enum mk_flags {
                                      not MMAs (ops/gemm_stream_f32.cuh) */
     MK_FLAG_COPY_TAKE = 16384     /* copy: taker param of k0 sharing its whole region, whose
                                      body is bands of MK_COPY_TAKE_UNITS float4 units handed
-                                     out in turn by counter out_row0; a run adds bands + takers
-                                     to it (ops/copy.cuh) */
+                                     out in turn to its warps by counter out_row0; a run adds
+                                     bands + MK_COPY_TAKE_WARPS * takers to it (ops/copy.cuh) */
 };
 
 /* A build's op bodies: the megakernel compiled with -DMK_BODIES=<mask> holds only the bodies

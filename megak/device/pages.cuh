@@ -144,8 +144,6 @@ struct mk_control {
      * resident kernel), which only the loader warp reads */
     alignas(16) mk_u32 ready_head[MK_TABLE_HEAD];
     mk_u32 ready_head_n;
-    mk_u32 copy_band[2];   /* a copy's taker: the band thread 0 took, by take parity
-                              (ops/copy.cuh, mk_copy_take) */
 };
 
 static_assert(sizeof(mk_instr) == MK_INSTR_BYTES, "mk_instr size");

@@ -5,14 +5,14 @@ through registers, 64 KiB of loads in flight per SM, with no shared-memory hop. 
   on SMs in advance: large enough that per-instruction overhead is small against the bytes
   moved, small enough to spread a big copy over every SM; a consumer waits for the bands it
   reads;
-- taken in turn (a copy nothing in the graph reads, of at least two bands of TAKE_UNITS
-  float4): one instruction per SM (at most one per band), each naming the whole region, whose
-  blocks take bands of 64 KiB from a hand-out counter until none is left
-  (MK_FLAG_COPY_TAKE; device/ops/copy.cuh has the protocol). A block that ran ahead takes the
-  next band instead of idling at the end of a fixed share: 1 GiB in a probe of the same
-  footprint, 3,841 GB/s dealt out against 4,118 taken (benchmarks/ANALYSIS.md). Its consumers
-  could wait only for the whole copy (every taker may have written any row), which is why a
-  copy read inside the graph keeps the dealt-out form.
+- taken in turn (a copy nothing in the graph reads, of at least two blocks' worth of bands,
+  TAKE_BLOCK_UNITS float4 each): one instruction per SM (at most one per block's worth), each
+  naming the whole region, whose warps take bands of 8 KiB from a hand-out counter until none
+  is left (MK_FLAG_COPY_TAKE; device/ops/copy.cuh has the protocol). A warp that ran ahead
+  takes the next band instead of idling at the end of a fixed share: 1 GiB in a probe of the
+  same footprint, 3,841 GB/s dealt out against 4,118 taken by blocks (benchmarks/ANALYSIS.md).
+  Its consumers could wait only for the whole copy (every taker may have written any row),
+  which is why a copy read inside the graph keeps the dealt-out form.
 """
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ from ._lowering import Lowered, Region, cost_ns, edges
 from .base import OpDef, region
 
 COPY_CHUNK_BYTES = 1 << 20
-# a taker's band: MK_COPY_TAKE_UNITS float4 units of the region's body (64 KiB). Shorter
-# bands pay the counter's round trip too often, longer ones even out less (probe: 16 KiB
-# 2,631 GB/s, 64 KiB 4,118, 1 MiB 3,825)
+# a taker warp's band: MK_COPY_TAKE_UNITS float4 units of the region's body (8 KiB), taken by
+# each of a taker's MK_COPY_TAKE_WARPS warps; a run adds bands + TAKE_WARPS * takers to the
+# counter
 TAKE_UNITS = abi.OP_SHAPES["MK_COPY_TAKE_UNITS"]
+TAKE_WARPS = abi.OP_SHAPES["MK_COPY_TAKE_WARPS"]
+# what one taker's warps copy at once (64 KiB): a copy takes at least two of these, with at
+# most one taker (SM) for each, so that a short copy is not spread over more SMs than it fills
+TAKE_BLOCK_UNITS = TAKE_UNITS * TAKE_WARPS
 
 
 def rows_per_chunk(rows: int, cols: int) -> int:
@@ -42,9 +46,8 @@ def take_bands(rows: int, cols: int) -> int:
 
 def per_run_count(takers: int, bands: int) -> int:
     """What one good run of a taken copy adds to its counter: every band once, and each
-    taker's last take, the one that finds none left (device/ops/copy.cuh; the lowering's
-    combine_adds, the simulator's epoch base and runtime/take_model.py all count by it)."""
-    return bands + takers
+    taker warp's last take (device/ops/copy.cuh)."""
+    return bands + TAKE_WARPS * takers
 
 
 def take_share(taker: int, takers: int, rows: int) -> tuple[int, int]:
@@ -68,14 +71,14 @@ class Copy(OpDef):
     uses_counters = True   # a taker's hand-out counter
 
     def expand(self, unit, ctx):
-        """Fixes the form: takers (attrs["takers"] > 0, one per SM at most) where nothing in
-        the graph reads the copy, it has at least two bands and its body fewer than 2^31
-        units (the device's u32 walk)."""
+        """Fixes the form: takers (attrs["takers"] > 0, one per SM and per TAKE_BLOCK_UNITS
+        at most) where nothing in the graph reads the copy, its body holds more than one
+        TAKE_BLOCK_UNITS and fewer than 2^31 units (the device's u32 walk)."""
         x = unit.inputs[0]
-        bands = take_bands(x.rows, x.cols)
+        units = x.rows * (x.cols // 4)
+        blocks = -(-units // TAKE_BLOCK_UNITS)
         read = ctx.readers.get(unit.output.index, 0) > 0
-        small = x.rows * (x.cols // 4) < 1 << 31
-        takers = min(ctx.n_sm, bands) if not read and bands >= 2 and small else 0
+        takers = min(ctx.n_sm, blocks) if not read and blocks >= 2 and units < 1 << 31 else 0
         return [unit.with_(attrs=dict(unit.attrs, takers=takers))]
 
     def count(self, unit) -> int:
@@ -138,8 +141,9 @@ class Copy(OpDef):
 
     def simulate(self, rec, tensors, counters=None, epoch=0):
         """A dealt-out band, or a taker as the device runs it on 16-B aligned tensors
-        (device/ops/copy.cuh): the body's bands it is handed by the counter until one past the
-        last, then the tail columns of its share of the rows."""
+        (device/ops/copy.cuh): the body's bands its warps are handed by the counter until
+        each takes one past the last (here warp 0 takes every band left), then the tail
+        columns of its share of the rows."""
         x, out = tensors[rec["tensor"][abi.ARG_A]], tensors[rec["tensor"][abi.ARG_OUT]]
         r0, c0, rn, cn = region(rec)
         if not int(rec["flags"]) & abi.FLAG_COPY_TAKE:
@@ -148,12 +152,7 @@ class Copy(OpDef):
         c, units = int(rec["out_row0"]), cn // 4
         bands = take_bands(rn, cn)
         base = epoch * per_run_count(int(rec["k0"]), bands)
-        while True:
-            old = int(counters[c])
-            counters[c] = (old + 1) & 0xFFFFFFFF
-            band = (old - base) & 0xFFFFFFFF
-            if band >= bands:
-                break
+        for band in self._hand_out(counters, c, base, bands):
             # the band's elements of the body, row-major: float4 units -> (row, column)
             e = np.arange(4 * band * TAKE_UNITS, 4 * min(rn * units, (band + 1) * TAKE_UNITS))
             rr, cc = r0 + e // (4 * units), c0 + e % (4 * units)
@@ -161,6 +160,19 @@ class Copy(OpDef):
         lo, hi = take_share(int(rec["param"]), int(rec["k0"]), rn)
         out[r0 + lo:r0 + hi, c0 + 4 * units:c0 + cn] = x[r0 + lo:r0 + hi, c0 + 4 * units:c0 + cn]
         return self.reads(rec, tensors)   # any row: the whole region, as its consumers see it
+
+    @staticmethod
+    def _hand_out(counters, c: int, base: int, bands: int):
+        """The bands one taker's warps are handed, in turn: warp 0 until none is left, then
+        each other warp's one take that finds none."""
+        for _ in range(TAKE_WARPS):
+            while True:
+                old = int(counters[c])
+                counters[c] = (old + 1) & 0xFFFFFFFF
+                band = (old - base) & 0xFFFFFFFF
+                if band >= bands:
+                    break
+                yield band
 
     def reference(self, op, args):
         value, bound = args[0]

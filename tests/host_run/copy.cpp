@@ -6,14 +6,14 @@
  * (megak/runtime/take_model.py models the protocol; this runs the code).
  *
  *   - 256 std::threads are the compute threads (threadIdx.x each), all running one record;
- *   - with takers, each taker is a block: its 256 threads, a std::barrier as its compute barrier
- *     (mk_compute_sync) with threads delayed at random before it, its own control block
- *     (ctl.copy_band); the takers run at once on one counter (atomicAdd: an atomic_ref, thread
- *     0 delayed at random before a take), run after run from a given epoch, as a program's
- *     launches would: each run must take the counter from epoch * (bands + takers) to
- *     (epoch + 1) * (bands + takers). Built with -fsanitize=thread too
- *     (test_device_copy_host.py), where a broadcast word written while another thread may
- *     still read it is a data race;
+ *   - with takers, each taker is a block: its 256 threads, its own control block, and for each
+ *     of its warps an exchange (__shfl_sync: the source lane's word, a std::barrier of the 32
+ *     lanes before and after its read, lanes delayed at random before each); the takers run at
+ *     once on one counter (atomicAdd: an atomic_ref, the taking lane delayed at random before
+ *     a take), run after run from a given epoch, as a program's launches would: each run must
+ *     take the counter from epoch * (bands + 8 takers) to (epoch + 1) * (bands + 8 takers).
+ *     Built with -fsanitize=thread too (test_device_copy_host.py); a shuffle that not every
+ *     lane of the warp reaches never ends (the run's deadline fails it);
  *   - A is NaN outside the copied region and OUT everywhere before each run, with fresh values
  *     inside: a unit never copied, a read outside the region or a write outside it shows, and
  *     every access is checked to lie inside its operand's region, a float4 one 16-B aligned
@@ -70,19 +70,37 @@ static void fail(const char* what)
 struct mk_pages {};
 struct mk_control {            /* the fields of pages.cuh's the takers read */
     mk_params params;
-    mk_u32 copy_band[2];
+};
+/* one warp's __shfl_sync: the source lane's word, read by every lane between two barriers of
+ * the warp (the second keeps the next exchange's write after every read of this one) */
+struct warp_exchange {
+    std::barrier<> lanes{32};
+    mk_u32 word = 0;
 };
 static thread_local mk_control* t_ctl;
-static thread_local std::barrier<>* t_sync;
+static thread_local warp_exchange* t_warp;
 static thread_local std::mt19937 t_rng;
 
 static inline mk_control& mk_ctl() { return *t_ctl; }
 
-static inline void mk_compute_sync()
+static inline void late_at_times()
 {
-    if (t_rng() % 8 == 0)   /* some threads come late */
+    if (t_rng() % 8 == 0)   /* some lanes come late */
         std::this_thread::sleep_for(std::chrono::microseconds(t_rng() % 40));
-    t_sync->arrive_and_wait();
+}
+
+static inline mk_u32 __shfl_sync(unsigned mask, mk_u32 v, int src)
+{
+    if (mask != 0xffffffffu)
+        fail("a shuffle of part of the warp");
+    late_at_times();
+    if ((int)(threadIdx.x & 31u) == src)
+        t_warp->word = v;
+    t_warp->lanes.arrive_and_wait();
+    const mk_u32 got = t_warp->word;
+    late_at_times();
+    t_warp->lanes.arrive_and_wait();
+    return got;
 }
 
 static inline mk_u32 atomicAdd(mk_u32* p, mk_u32 v)
@@ -257,19 +275,20 @@ int main(int argc, char** argv)
             fail("mk_copy_check refused the record");
     }
     const mk_u32 units = (mk_u32)rows * (mk_u32)(cols / 4);
-    const mk_u32 per_run = (units + MK_COPY_TAKE_UNITS - 1) / MK_COPY_TAKE_UNITS + (mk_u32)takers;
+    const mk_u32 per_run = (units + MK_COPY_TAKE_UNITS - 1) / MK_COPY_TAKE_UNITS +
+                           (mk_u32)MK_COPY_TAKE_WARPS * (mk_u32)takers;
     mk_u32 counter = (mk_u32)epoch0 * per_run;   /* what the runs before left */
 
     for (int run = 0; run < runs && !g_failed; ++run) {
         poison(A, so, M, lda, row0, rows, col0, cols, rng);
         const mk_u32 epoch = (mk_u32)(epoch0 + run);
         std::vector<mk_control> ctl(blocks);
-        std::vector<std::unique_ptr<std::barrier<>>> syncs;
+        std::vector<std::unique_ptr<warp_exchange>> warps;
         for (int k = 0; k < blocks; ++k) {
             ctl[k].params.counters = reinterpret_cast<mk_u64>(&counter);
             ctl[k].params.epoch = epoch;
-            ctl[k].copy_band[0] = ctl[k].copy_band[1] = 0xdeadbeefu;   /* no take yet */
-            syncs.push_back(std::make_unique<std::barrier<>>(MK_THREADS));
+            for (int w = 0; w < MK_THREADS / 32; ++w)
+                warps.push_back(std::make_unique<warp_exchange>());
         }
         std::vector<std::thread> threads;
         for (int k = 0; k < blocks; ++k)
@@ -277,7 +296,7 @@ int main(int argc, char** argv)
                 threads.emplace_back([&, k, t] {
                     threadIdx.x = t;
                     t_ctl = &ctl[k];
-                    t_sync = syncs[k].get();
+                    t_warp = warps[k * (MK_THREADS / 32) + t / 32].get();
                     t_rng.seed((unsigned)seed * 7919u + (unsigned)run * 131u + k * 257u + t);
                     mk_pages pages;
                     mk_copy_run(ins[k], op, pages);

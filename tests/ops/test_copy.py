@@ -34,11 +34,12 @@ def takers_of(prog):
 
 
 @pytest.mark.parametrize("shape, n_sm, takers, bands", [
-    ((16384, 16384), 132, 132, 16384),  # W5: a band is one 64 KiB row
-    ((5000, 1000), 132, 132, 306),      # 250 units a row: bands straddle rows
-    ((300, 129), 4, 3, 3),              # fewer bands than SMs: a taker per band
-    ((7, 1 << 16), 8, 8, 28)])          # a row is four bands
+    ((16384, 16384), 132, 132, 131072),  # W5: a 64 KiB row is eight bands
+    ((5000, 1000), 132, 132, 2442),      # 250 units a row: bands straddle rows
+    ((300, 129), 4, 3, 19),              # 3 blocks' worth of bands: a taker each
+    ((7, 1 << 16), 8, 8, 224)])          # a row is 32 bands
 def test_a_copy_nothing_reads_is_taken_in_turn(shape, n_sm, takers, bands):
+    from megak.runtime import take_model
     from megak.scheduler import build_plan
     g = megak.Graph()
     g.output(g.copy(g.input("x", shape, "float32")), "y")
@@ -49,11 +50,12 @@ def test_a_copy_nothing_reads_is_taken_in_turn(shape, n_sm, takers, bands):
     assert (ins["col0"] == 0).all() and (ins["cols"] == shape[1]).all()
     assert (ins["k0"] == takers).all() and sorted(ins["param"].tolist()) == list(range(takers))
     assert copy.take_bands(*shape) == bands
-    assert copy.TAKE_UNITS * 16 == 64 << 10
-    # one hand-out counter, its per-run target the op's count (the model's too): every band,
-    # and each taker's last take that finds none left
+    assert copy.TAKE_UNITS * 16 == 8 << 10 and copy.TAKE_BLOCK_UNITS * 16 == 64 << 10
+    # one hand-out counter, its per-run target the model's: every band, and each taker
+    # warp's last take that finds none left
     (c,) = set(ins["out_row0"].tolist())
-    assert int(plan.counter_targets[c]) == copy.per_run_count(takers, bands) == bands + takers
+    assert (int(plan.counter_targets[c]) == take_model.per_run_count(takers, bands, 8)
+            == bands + 8 * takers)
     sm = np.searchsorted(plan.queue_start, np.arange(len(ins)), side="right")
     assert len(set(sm.tolist())) == takers                       # one per SM
     assert copy.OP.bodies(ins) == 1 << copy.OP.opcode | abi.BODY_COPY_TAKE
@@ -68,12 +70,13 @@ def test_take_shares_cover_the_rows_once():
         assert (covered == 1).all()
 
 
-def test_a_copy_read_in_the_graph_or_of_one_band_is_dealt_out():
+def test_a_copy_read_in_the_graph_or_of_one_blocks_worth_is_dealt_out():
     from megak.scheduler import build_plan
     g = megak.Graph()
     y = g.copy(g.input("x", (5000, 1000), "float32"))
     g.output(g.transpose(y), "t")          # read inside the graph: its readers wait for rows
     g.output(g.copy(g.input("v", (1, 32), "float32")), "w")   # one band
+    g.output(g.copy(g.input("u", (64, 256), "float32")), "s")  # 64 KiB: one block's worth
     ins = build_plan(g, 132).instrs
     copies = ins[ins["opcode"] == copy.OP.opcode]
     assert not (copies["flags"] & abi.FLAG_COPY_TAKE).any()
@@ -98,7 +101,7 @@ def test_takers_consumers_wait_for_the_whole_copy():
 
 @pytest.mark.parametrize("shape", [(300, 129), (1025, 257), (7, 70000)])
 def test_takers_copy_exactly_run_after_run(backend, rng, shape):
-    # the hand-out counter advances a run's bands + takers per run: every run's bands are
+    # the hand-out counter advances a run's bands + 8 takers per run: every run's bands are
     # handed out again, with fresh inputs each time (check_graph: outputs against float64)
     g = megak.Graph()
     g.output(g.copy(g.input("x", shape, "float32")), "y")

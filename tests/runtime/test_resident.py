@@ -386,7 +386,7 @@ def test_paged_transposes_in_requests(rng):
 def test_copies_taken_in_turn_in_requests(rng):
     """A copy whose takers share a hand-out counter, requested again and again between
     requests of another program: each request hands every band out once more (the counter
-    runs on from the last request's bands + takers), every result exact on a poisoned
+    runs on from the last request's bands + 8 x takers), every result exact on a poisoned
     output."""
     gc, gm = copy_graph((2048, 1000)), chain_graph(2)
     with megak.compile(gc, backend="cuda") as c, megak.compile(gm, backend="cuda") as m:

@@ -3,49 +3,47 @@
  *
  * A record with MK_FLAG_COPY_TAKE is taker `param` of k0 sharing its region (megak/ops/copy.py:
  * one per SM). The region's body (its first cols / 4 * 4 columns, as float4 units in row-major
- * order) is bands of MK_COPY_TAKE_UNITS units (64 KiB), handed out in turn by the counter in
- * out_row0; the block copies whichever band it is handed until none is left. Why: with bands
- * dealt out in advance, the SMs that run slower (the HBM channels they meet, the other work on
- * the SM) set the copy's end while the others idle; taken in turn, a block that ran ahead
- * takes the next band (benchmarks/ANALYSIS.md: 1 GiB at 3,841 GB/s dealt out, 4,118 taken, in
- * a probe of this footprint: 16 float4 a thread loaded, then stored, per 64 KiB band). The
- * hand-out, in order:
- *  - thread 0: old = atomicAdd(counter, 1) (relaxed: it publishes no data, each band is
- *    written only by whoever was handed it; atomicity alone makes every value handed out
- *    once); band = old - epoch * (bands + takers). A taker's last take finds band >= bands,
- *    so each taker adds (bands it took + 1) and a run adds exactly bands + takers: the counter
- *    starts run `epoch` at epoch * (bands + takers) (runs never overlap: a launch or a request
- *    boundary orders the last run's adds before this run's, as for the dependency counters),
- *    and the host's target for it, bands + takers, keeps the epoch wrap and the zeroing after
- *    a failed run (megakernel.cu) right;
- *  - thread 0 stores band in ctl.copy_band[i & 1] (take i), then the compute barrier; every
- *    thread reads it after the barrier. Take i + 1 is made while band i is copied (thread 0's
- *    atomic right after the band's loads are issued, its round trip under theirs) and stored
- *    before the barrier that ends band i. Two words, one barrier per take: thread 0 writes
- *    word (i + 1) & 1 only after passing the barrier that ended band i - 1, before which
- *    every thread read that word (take i - 1) (and the interpreter's compute barrier after
- *    every op orders a taker's last read before the next instruction's first take);
- *  - band >= bands (the same word for every thread): the whole block leaves; otherwise each
- *    thread copies units band * MK_COPY_TAKE_UNITS + t + 256 k, k < 16: 16 float4 loads,
- *    (thread 0: the next take), then their stores, straight-line code (a loop around the
- *    register pipeline made ptxas move the build of every body's registers from the fp32
- *    GEMM to the interpreter, with spills in the GEMM's loops). Where the body is one run of
- *    units in both tensors (one row, or rows without padding: a whole tensor) unit j lies at
- *    4 j floats and the 16 loads are one address and immediate offsets; otherwise one
- *    division per band places a (row, column) walk. Why two forms: every warp leaves the
- *    barrier together, and the walk's 16 steps with their row wraps put ~250 instructions
- *    before a band's first load on all of them at once, an SM with nothing in flight; 1 GiB
- *    on an H100 took 728 us with the walk and 713 us (cuMemcpy's 3,008 GB/s) flat
- *    (benchmarks/results/takers-flat/).
- * The loop ends after at most bands + 1 takes whatever the counter holds (a stale counter
- * makes `band` wrap past bands: the block leaves). The tail columns (cols % 4) of a static
- * share of the rows (taker k: rows [k rows / k0, (k + 1) rows / k0)) are each taker's own.
- * Where A or OUT is not 16-B aligned (a caller's tensor), there is no body: each taker copies
- * its static share of the rows as a dealt-out record would and adds, in one add, its share
- * of the run's count (taker 0: bands + 1, the others 1). The consumers wait for every
- * taker's signal (the op's counter). megak/runtime/take_model.py checks the hand-out in every
- * interleaving it draws, with the misuses it catches; tests/host_run/copy.cpp runs this code
- * itself on CPU threads (under ThreadSanitizer too).
+ * order) is bands of MK_COPY_TAKE_UNITS units (8 KiB), handed out in turn by the counter in
+ * out_row0 to the taker's warps, each for itself; a warp copies whichever band it is handed
+ * until none is left. Why taken: with bands dealt out in advance, the SMs that run slower (the
+ * HBM channels they meet, the other work on the SM) set the copy's end while the others idle;
+ * taken in turn, an SM that ran ahead takes the next band (benchmarks/ANALYSIS.md: 1 GiB at
+ * 3,841 GB/s dealt out, 4,118 taken by blocks, in a probe of this footprint). Why by warps: a
+ * block that takes 64 KiB bands passes a barrier at every band, so every warp's loads of the
+ * next band wait for the slowest warp's stores and the SM's reads in flight fall to none at
+ * each band; a warp that takes its own band leaves the other warps' loads in flight. The
+ * hand-out, in order, for each warp:
+ *  - lane 0: old = atomicAdd(counter, 1) (relaxed: it publishes no data, each band is written
+ *    only by the warp it was handed to; atomicity alone makes every value handed out once);
+ *    band = old - epoch * (bands + MK_COPY_TAKE_WARPS * takers). A warp's last take finds
+ *    band >= bands, so each warp adds (bands it took + 1) and a run adds exactly bands +
+ *    MK_COPY_TAKE_WARPS * takers: the counter starts run `epoch` at epoch times that (runs
+ *    never overlap: a launch or a request boundary orders the last run's adds before this
+ *    run's, as for the dependency counters), and the host's target for it, the same sum,
+ *    keeps the epoch wrap and the zeroing after a failed run (megakernel.cu) right;
+ *  - __shfl_sync gives lane 0's value to the warp: a register exchange of the whole warp, no
+ *    shared word, no barrier. Take i + 1 is made while band i is copied (lane 0's atomic
+ *    right after the band's loads are issued, its round trip under theirs) and exchanged
+ *    after the band's stores;
+ *  - band >= bands (the same value in every lane): the warp leaves; otherwise lane l copies
+ *    units band * MK_COPY_TAKE_UNITS + l + 32 k, k < 16: 16 float4 loads, (lane 0: the next
+ *    take), then their stores, straight-line code (a loop around the register pipeline made
+ *    ptxas move the build of every body's registers from the fp32 GEMM to the interpreter,
+ *    with spills in the GEMM's loops). Where the body is one run of units in both tensors (one
+ *    row, or rows without padding: a whole tensor) unit j lies at 4 j floats and the 16 loads
+ *    are one address and immediate offsets; otherwise one division per band places a (row,
+ *    column) walk (~250 instructions before a band's first load: 1 GiB on an H100 took 728 us
+ *    walked, 713 flat, benchmarks/results/takers-flat/).
+ * A warp's loop ends after at most bands + 1 takes whatever the counter holds (a stale counter
+ * makes `band` wrap past bands: the warp leaves). The tail columns (cols % 4) of a static share
+ * of the rows (taker k: rows [k rows / k0, (k + 1) rows / k0)) are each taker's own. Where A or
+ * OUT is not 16-B aligned (a caller's tensor), there is no body: each taker copies its static
+ * share of the rows as a dealt-out record would and adds, in one add, its share of the run's
+ * count (taker 0: bands + MK_COPY_TAKE_WARPS, the others MK_COPY_TAKE_WARPS). The consumers
+ * wait for every taker's signal (the op's counter, after the interpreter's compute barrier
+ * that ends the op: every warp's stores). megak/runtime/take_model.py checks the hand-out in
+ * every interleaving it draws, with the misuses it catches; tests/host_run/copy.cpp runs this
+ * code itself on CPU threads (under ThreadSanitizer too).
  *
  * Pure bandwidth. Why it is shaped like this:
  *  - The region is walked as one linear index space of (row, column-unit) pairs, thread t
@@ -157,7 +155,8 @@ __device__ __forceinline__ void mk_copy_rect(const float* src, mk_u32 lds, float
 }
 
 /* A walker over one thread's units of a rows x units float4 grid (leading dimension ld
- * floats): unit t, t + 256, ... Pointer arithmetic only, no multiply per step. */
+ * floats): unit t, t + 256, ... (a taker's warp: lane l, l + 32, ...). Pointer arithmetic
+ * only, no multiply per step. */
 struct mk_copy_walk {
     int r, c;
     mk_u64 at;   /* byte address of unit (r, c) */
@@ -276,9 +275,19 @@ __device__ __forceinline__ void mk_copy_share(const mk_instr& in, int& lo, int& 
     hi = (int)((k + 1u) * rows / n);
 }
 
+static_assert(MK_COPY_TAKE_WARPS * 32 == MK_THREADS, "every compute warp takes bands");
+static_assert(MK_COPY_TAKE_UNITS == 16 * 32, "a warp's band: 16 float4 a lane");
+
+/* The band a warp's take hands out, in every lane: lane 0's counter value `old` (the other
+ * lanes pass anything), less the run's base. */
+__device__ __forceinline__ mk_u32 mk_copy_band_of(mk_u32 old, mk_u32 base)
+{
+    return __shfl_sync(0xffffffffu, old, 0) - base;
+}
+
 /* One taker (MK_FLAG_COPY_TAKE; the hand-out and why: top of the file) where A and OUT are
- * 16-B aligned: the bands it is handed, then its share's tail columns. False, having added
- * its share of the run's count, where they are not: the caller copies its share. */
+ * 16-B aligned: the bands its warps are handed, then its share's tail columns. False, having
+ * added its share of the run's count, where they are not: the caller copies its share. */
 __device__ __forceinline__ bool mk_copy_take(const mk_instr& in, const mk_tensor* op)
 {
     mk_control& ctl = mk_ctl();
@@ -290,12 +299,13 @@ __device__ __forceinline__ bool mk_copy_take(const mk_instr& in, const mk_tensor
     mk_u32* const counter = reinterpret_cast<mk_u32*>(ctl.params.counters) + (mk_u32)in.out_row0;
     if ((((mk_u64)s | (mk_u64)d) & 15u) != 0u || ((A.ld | O.ld) & 3u) != 0u) {
         if (threadIdx.x == 0)
-            atomicAdd(counter, in.param == 0u ? bands + 1u : 1u);
+            atomicAdd(counter, in.param == 0u ? bands + MK_COPY_TAKE_WARPS : MK_COPY_TAKE_WARPS);
         return false;
     }
     const int rows = in.rows, units = in.cols >> 2;
-    const mk_u32 base = ctl.params.epoch * (bands + (mk_u32)in.k0);
-    const int dr = MK_THREADS / units, dc = MK_THREADS % units;
+    const mk_u32 lane = threadIdx.x & 31u;
+    const mk_u32 base = ctl.params.epoch * (bands + MK_COPY_TAKE_WARPS * (mk_u32)in.k0);
+    const int dr = 32 / units, dc = 32 % units;   /* a warp's step over the (row, unit) grid */
     const mk_u64 step_s = 4ull * ((mk_u64)dr * A.ld + 4u * (mk_u32)dc);
     const mk_u64 step_d = 4ull * ((mk_u64)dr * O.ld + 4u * (mk_u32)dc);
     const mk_u64 wrap_s = 4ull * ((mk_u64)A.ld - 4u * (mk_u32)units);
@@ -304,55 +314,45 @@ __device__ __forceinline__ bool mk_copy_take(const mk_instr& in, const mk_tensor
     const bool flat = rows == 1 || (A.ld == 4u * (mk_u32)units && O.ld == 4u * (mk_u32)units);
     const mk_u32 total = (mk_u32)rows * (mk_u32)units;
     /* take 0 here; take i + 1 right after band i's loads are issued, so that its round trip
-     * runs under theirs (its word, (i + 1) & 1, written before the barrier that ends band i:
-     * every thread read that word, take i - 1's, before arriving at the barrier that ended
-     * band i - 1, which thread 0 passed before it writes) */
-    if (threadIdx.x == 0)
-        ctl.copy_band[0] = atomicAdd(counter, 1u) - base;
-    mk_compute_sync();
-    for (mk_u32 i = 0;; ++i) {
-        const mk_u32 band = ctl.copy_band[i & 1u];
-        if (band >= bands)
-            break;
-        const mk_u32 first = band * MK_COPY_TAKE_UNITS + threadIdx.x;
-        float4 x[MK_COPY_TAKE_UNITS / MK_THREADS];
+     * runs under theirs, exchanged after band i's stores */
+    mk_u32 band = mk_copy_band_of(lane == 0u ? atomicAdd(counter, 1u) : 0u, base);
+    while (band < bands) {
+        const mk_u32 first = band * MK_COPY_TAKE_UNITS + lane;
+        float4 x[MK_COPY_TAKE_UNITS / 32];
         mk_u32 next = 0;
         if (flat) {   /* one contiguous run of units: unit j at s + 4 j, offsets immediate */
             const float* const from = s + 4ull * first;
             float* const to = d + 4ull * first;
 #pragma unroll
-            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k)
-                x[k] = first + (mk_u32)(k * MK_THREADS) < total
-                           ? mk_ld_f4(from + 4 * k * MK_THREADS)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
-            if (threadIdx.x == 0)
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / 32; ++k)
+                x[k] = first + (mk_u32)(32 * k) < total ? mk_ld_f4(from + 4 * 32 * k)
+                                                        : make_float4(0.f, 0.f, 0.f, 0.f);
+            if (lane == 0u)
                 next = atomicAdd(counter, 1u);
 #pragma unroll
-            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k)
-                if (first + (mk_u32)(k * MK_THREADS) < total)
-                    mk_st_f4(to + 4 * k * MK_THREADS, x[k]);
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / 32; ++k)
+                if (first + (mk_u32)(32 * k) < total)
+                    mk_st_f4(to + 4 * 32 * k, x[k]);
         } else {
             const int r = (int)(first / (mk_u32)units), c = (int)(first % (mk_u32)units);
             mk_copy_walk in_w = {r, c, (mk_u64)(s + (mk_u64)r * A.ld + 4 * c)};
             mk_copy_walk out_w = {r, c, (mk_u64)(d + (mk_u64)r * O.ld + 4 * c)};
 #pragma unroll
-            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k) {
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / 32; ++k) {
                 x[k] = in_w.r < rows ? mk_ld_f4(reinterpret_cast<const float*>(in_w.at))
                                      : make_float4(0.f, 0.f, 0.f, 0.f);
                 in_w.next(dr, dc, units, step_s, wrap_s);
             }
-            if (threadIdx.x == 0)
+            if (lane == 0u)
                 next = atomicAdd(counter, 1u);
 #pragma unroll
-            for (int k = 0; k < MK_COPY_TAKE_UNITS / MK_THREADS; ++k) {
+            for (int k = 0; k < MK_COPY_TAKE_UNITS / 32; ++k) {
                 if (out_w.r < rows)
                     mk_st_f4(reinterpret_cast<float*>(out_w.at), x[k]);
                 out_w.next(dr, dc, units, step_d, wrap_d);
             }
         }
-        if (threadIdx.x == 0)
-            ctl.copy_band[(i + 1u) & 1u] = next - base;
-        mk_compute_sync();
+        band = mk_copy_band_of(next, base);
     }
     int lo, hi;
     mk_copy_share(in, lo, hi);
